@@ -1,0 +1,1 @@
+"""Cost model, schedule IR, simulator, semantic checker, NCCL baselines and lower bounds."""

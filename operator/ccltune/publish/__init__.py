@@ -1,0 +1,1 @@
+"""publish layer of ccltune."""

@@ -1,0 +1,1 @@
+"""topology layer of ccltune."""

@@ -1,0 +1,1 @@
+"""tune layer of ccltune."""
