@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from .common import Collective, Condition, Message, Name, ShortText, SizeText, WireModel, parse_size
+from .common import CONDITION_LIST, Collective, Condition, Message, Name, ShortText, SizeText, WireModel, parse_size
 
 LabelValue = Annotated[str, Field(max_length=63)]
 LabelKey = Annotated[str, Field(max_length=317)]
@@ -66,6 +66,17 @@ class SynthesisOptions(WireModel):
 
 
 class TuningOptions(WireModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.profiler) || self.profiler != 'replay' || has(self.replayConfigMap)",
+                    "message": "tuning.replayConfigMap is required when tuning.profiler is replay",
+                }
+            ]
+        }
+    )
+
     enabled: bool = False
     searcher: Literal["autoccl", "mraco", "grid", "random"] = "autoccl"
     profiler: Literal["simulated", "replay", "live"] = "simulated"
@@ -81,6 +92,18 @@ class PublishOptions(WireModel):
 
 
 class CCLTuningSpec(WireModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.collectives) && size(self.collectives) > 0)"
+                    " || has(self.parallelism)",
+                    "message": "spec needs collectives or parallelism to know what to plan",
+                }
+            ]
+        }
+    )
+
     selector: LabelSelector = LabelSelector()
     workload_ref: WorkloadRef | None = None
     nodes: NodeTarget = NodeTarget()
@@ -95,6 +118,8 @@ class CCLTuningSpec(WireModel):
     def _something_to_plan(self) -> CCLTuningSpec:
         if not self.collectives and self.parallelism is None:
             raise ValueError("spec needs collectives or parallelism to know what to plan")
+        if self.tuning.profiler == "replay" and not self.tuning.replay_config_map:
+            raise ValueError("tuning.replayConfigMap is required when tuning.profiler is replay")
         return self
 
 
@@ -122,7 +147,7 @@ class PublishedConfigMap(WireModel):
 
 class CCLTuningStatus(WireModel):
     observed_generation: int | None = None
-    conditions: Annotated[list[Condition], Field(max_length=16)] = []
+    conditions: Annotated[list[Condition], Field(max_length=16, json_schema_extra=CONDITION_LIST)] = []
     topology: TopologySummary | None = None
     results: Annotated[list[TaskResult], Field(max_length=256)] = []
     config_maps: Annotated[list[PublishedConfigMap], Field(max_length=64)] = []

@@ -51,6 +51,9 @@ class Source(StrEnum):
     BOUND = "bound"
 
 
+# Conditions form a map keyed by type (Kubernetes API conventions).
+CONDITION_LIST = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+
 ConditionStatus = Literal["True", "False", "Unknown"]
 _REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 

@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from .common import Condition, Message, Name, ShortText, WireModel
+from .common import CONDITION_LIST, Condition, Message, ShortText, WireModel
 
 PciBusId = Annotated[str, Field(max_length=32, pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
 
@@ -95,7 +95,18 @@ class NumaNode(WireModel):
 
 
 class NodeTopologySpec(WireModel):
-    node_name: Name
+    node_name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=253,
+            json_schema_extra={
+                "x-kubernetes-validations": [
+                    {"rule": "self == oldSelf", "message": "spec.nodeName is immutable"}
+                ]
+            },
+        ),
+    ]
     agent_version: ShortText = ""
     probed_at: datetime | None = None
     content_hash: Annotated[str, Field(max_length=80)] = ""
@@ -113,7 +124,7 @@ class NodeTopologySpec(WireModel):
 
 
 class NodeTopologyStatus(WireModel):
-    conditions: Annotated[list[Condition], Field(max_length=16)] = []
+    conditions: Annotated[list[Condition], Field(max_length=16, json_schema_extra=CONDITION_LIST)] = []
 
 
 class NodeTopology(WireModel):

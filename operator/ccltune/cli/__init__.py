@@ -1,0 +1,37 @@
+"""`ccltune` command line. Each sub-command lives in its own module and registers itself here."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="ccltune",
+    help="Synthesize and tune NCCL/MSCCL collectives for the cluster a job runs on.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Synthesize and tune NCCL/MSCCL collectives for the cluster a job runs on."""
+
+
+def _register() -> None:
+    # Sub-command modules: each defines register(app). Imported here so `--help` lists them all.
+    from . import crds, plan
+
+    for module in (crds, plan):
+        module.register(app)
+    for optional in ("synthesize", "tune"):
+        try:
+            module = __import__(f"{__name__}.{optional}", fromlist=["register"])
+        except ModuleNotFoundError:
+            continue
+        module.register(app)
+
+
+def main() -> None:
+    _register()
+    app()
