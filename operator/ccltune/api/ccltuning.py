@@ -6,7 +6,17 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from .common import CONDITION_LIST, Collective, Condition, Message, Name, ShortText, SizeText, WireModel, parse_size
+from .common import (
+    CONDITION_LIST,
+    Collective,
+    Condition,
+    Message,
+    Name,
+    ShortText,
+    SizeText,
+    WireModel,
+    parse_size,
+)
 
 LabelValue = Annotated[str, Field(max_length=63)]
 LabelKey = Annotated[str, Field(max_length=317)]
@@ -50,7 +60,9 @@ class CollectiveTask(WireModel):
     def _range(self) -> CollectiveTask:
         lo, hi = parse_size(self.min_bytes), parse_size(self.max_bytes)
         if lo > hi:
-            raise ValueError(f"minBytes ({self.min_bytes}) is larger than maxBytes ({self.max_bytes})")
+            raise ValueError(
+                f"minBytes ({self.min_bytes}) is larger than maxBytes ({self.max_bytes})"
+            )
         return self
 
 
@@ -88,7 +100,9 @@ class TuningOptions(WireModel):
 class PublishOptions(WireModel):
     config_map_name: Name | None = None
     inject: bool = True
-    nccl_version: Annotated[str, Field(max_length=16, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")] = "2.24"
+    nccl_version: Annotated[str, Field(max_length=16, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")] = (
+        "2.24"
+    )
 
 
 class CCLTuningSpec(WireModel):
@@ -147,7 +161,9 @@ class PublishedConfigMap(WireModel):
 
 class CCLTuningStatus(WireModel):
     observed_generation: int | None = None
-    conditions: Annotated[list[Condition], Field(max_length=16, json_schema_extra=CONDITION_LIST)] = []
+    conditions: Annotated[
+        list[Condition], Field(max_length=16, json_schema_extra=CONDITION_LIST)
+    ] = []
     topology: TopologySummary | None = None
     results: Annotated[list[TaskResult], Field(max_length=256)] = []
     config_maps: Annotated[list[PublishedConfigMap], Field(max_length=64)] = []

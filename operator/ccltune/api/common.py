@@ -86,7 +86,9 @@ def set_condition(conditions: list[Condition], new: Condition) -> list[Condition
         ltt = (new.last_transition_time or now()) if changed else cond.last_transition_time
         out.append(new.model_copy(update={"last_transition_time": ltt}))
     if not replaced:
-        out.append(new.model_copy(update={"last_transition_time": new.last_transition_time or now()}))
+        out.append(
+            new.model_copy(update={"last_transition_time": new.last_transition_time or now()})
+        )
     return out
 
 

@@ -10,7 +10,9 @@ from pydantic import Field
 
 from .common import CONDITION_LIST, Condition, Message, ShortText, WireModel
 
-PciBusId = Annotated[str, Field(max_length=32, pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
+PciBusId = Annotated[
+    str, Field(max_length=32, pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+]
 
 
 class Distance(StrEnum):
@@ -40,7 +42,9 @@ class GPU(WireModel):
     pci_bus_id: PciBusId
     numa_node: Annotated[int, Field(ge=-1, le=1023)] = -1
     memory_mib: Annotated[int, Field(ge=0)] | None = None
-    compute_capability: Annotated[str, Field(max_length=8, pattern=r"^[0-9]+\.[0-9]+$")] | None = None
+    compute_capability: Annotated[str, Field(max_length=8, pattern=r"^[0-9]+\.[0-9]+$")] | None = (
+        None
+    )
     mig_enabled: bool = False
     nvlinks: Annotated[list[NVLink], Field(max_length=64)] = []
 
@@ -124,7 +128,9 @@ class NodeTopologySpec(WireModel):
 
 
 class NodeTopologyStatus(WireModel):
-    conditions: Annotated[list[Condition], Field(max_length=16, json_schema_extra=CONDITION_LIST)] = []
+    conditions: Annotated[
+        list[Condition], Field(max_length=16, json_schema_extra=CONDITION_LIST)
+    ] = []
 
 
 class NodeTopology(WireModel):

@@ -21,7 +21,9 @@ def render_crds() -> dict[str, str]:
 
 def crds(
     out: Path = typer.Option(Path("crds"), help="Directory to write the CRD YAML files into."),
-    check: bool = typer.Option(False, help="Only compare with the files in --out; exit 1 on drift."),
+    check: bool = typer.Option(
+        False, help="Only compare with the files in --out; exit 1 on drift."
+    ),
 ) -> None:
     """Generate the CustomResourceDefinitions from the API models."""
     drifted = []
@@ -35,7 +37,9 @@ def crds(
         path.write_text(text)
         typer.echo(f"wrote {path}")
     if drifted:
-        typer.echo(f"CRDs out of date: {', '.join(drifted)} (run `ccltune crds --out {out}`)", err=True)
+        typer.echo(
+            f"CRDs out of date: {', '.join(drifted)} (run `ccltune crds --out {out}`)", err=True
+        )
         raise typer.Exit(1)
 
 

@@ -1,7 +1,86 @@
-"""`ccltune plan`: placeholder until the pipeline lands (being written)."""
+"""`ccltune plan`: the whole pipeline offline — no cluster, no GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import typer
+import yaml
+from rich.table import Table
+
+from ..api.ccltuning import CCLTuningSpec
+from ..api.common import format_size
+from ..api.plan import PlanFile, PlanTask
+from ..pipeline import build_plan
+from ..publish.configmaps import render_configmaps
+from ..publish.report import task_rows
+from ..topology.export import describe
+from ..topology.load import load_cluster
+from .common import ccltuning_document, console, user_errors
+
+
+def plan(
+    spec_file: Path = typer.Argument(..., help="A CCLTuning manifest (YAML)."),
+    cluster: str = typer.Option(
+        ..., "--cluster", "-c", help="A preset name (see `ccltune presets`) or a cluster/ASTRA-sim YAML file."
+    ),
+    out: Path = typer.Option(Path("ccltune-plan"), "--out", "-o", help="Directory for files, manifests and reports."),
+    namespace: str = typer.Option("default", help="Namespace written into the ConfigMap manifests."),
+) -> None:
+    """Plan a CCLTuning for a cluster: topology, NCCL settings, schedules and a report."""
+    with user_errors():
+        doc = ccltuning_document(spec_file)
+        name = str((doc.get("metadata") or {}).get("name") or spec_file.stem)
+        namespace = str((doc.get("metadata") or {}).get("namespace") or namespace)
+    with user_errors("spec"):
+        spec = CCLTuningSpec.model_validate(doc.get("spec") or {})
+    with user_errors():
+        topo = load_cluster(cluster)
+        console.print(f"[bold]cluster[/] {topo.name}: {describe(topo)}", highlight=False)
+        with console.status("planning...") as status:
+            result = build_plan(spec, topo, name=name, progress=lambda msg: status.update(msg))
+        config_map_name = spec.publish.config_map_name or f"{name}-ccltune"
+        manifests = render_configmaps(result, name=config_map_name, namespace=namespace)
+        _write(out, result.files, manifests)
+    for task in result.tasks:
+        _print_task(task)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    console.print(f"wrote {out}/ (report.md, report.json, manifests/configmaps.yaml, {len(result.files)} files) · plan digest {result.digest[:12]}")
+
+
+def _write(out: Path, files: list[PlanFile], manifests: list[dict[str, Any]]) -> None:
+    for f in files:
+        path = out / f.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f.content)
+    (out / "manifests").mkdir(parents=True, exist_ok=True)
+    (out / "manifests" / "configmaps.yaml").write_text(yaml.safe_dump_all(manifests, sort_keys=False))
+
+
+def _print_task(task: PlanTask) -> None:
+    key = task.key
+    table = Table(
+        title=f"{key.collective} · {key.role} · {key.ranks} ranks / {key.nodes} node(s) · "
+        f"default {task.default.describe()} · chosen {task.chosen.describe()}",
+        title_justify="left",
+    )
+    for col in ("size", "time µs", "algbw GB/s", "busbw GB/s", "bound busbw", "% of bound", "vs default", "source"):
+        table.add_column(col, justify="right" if col != "source" else "left")
+    for r in task_rows(task):
+        table.add_row(
+            format_size(r.size),
+            f"{r.time_us:.2f}",
+            f"{r.algbw_gbps:.2f}",
+            f"{r.busbw_gbps:.2f}",
+            "" if r.bound_busbw_gbps is None else f"{r.bound_busbw_gbps:.2f}",
+            "" if r.pct_of_bound is None else f"{r.pct_of_bound:.0f}%",
+            f"{r.speedup:.2f}x",
+            r.source,
+        )
+    console.print(table)
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("plan")(plan)

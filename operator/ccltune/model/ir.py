@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..api.common import Collective
 
 
@@ -67,3 +69,94 @@ class Schedule:
     def add(self, transfer: Transfer) -> int:
         self.transfers.append(transfer)
         return len(self.transfers) - 1
+
+
+@dataclass(slots=True)
+class ScheduleArrays:
+    """The same schedule as flat numpy arrays, for schedules too large for Transfer objects.
+
+    Transfer i is (src[i], dst[i], chunk[i], count[i], reduce[i], channel[i]); its deps are
+    dep_idx[dep_ptr[i]:dep_ptr[i+1]] (CSR). Semantics are exactly those of `Schedule`.
+    """
+
+    name: str
+    collective: Collective
+    nranks: int
+    chunks_per_rank: int
+    src: np.ndarray  # int32
+    dst: np.ndarray  # int32
+    chunk: np.ndarray  # int64
+    count: np.ndarray  # int32
+    reduce: np.ndarray  # bool
+    channel: np.ndarray  # int32
+    dep_ptr: np.ndarray  # int64, len = transfers + 1
+    dep_idx: np.ndarray  # int64
+    root: int = 0
+    protocol: str = "Simple"
+    channels: int = 1
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @property
+    def total_chunks(self) -> int:
+        return _total_chunks(self.collective, self.nranks, self.chunks_per_rank)
+
+    def chunk_bytes(self, size_bytes: int) -> float:
+        if self.collective == Collective.ALLTOALL:
+            return size_bytes / (self.nranks * self.chunks_per_rank)
+        return size_bytes / self.total_chunks
+
+    @classmethod
+    def from_schedule(cls, s: Schedule) -> ScheduleArrays:
+        ts = s.transfers
+        lens = np.fromiter((len(t.deps) for t in ts), dtype=np.int64, count=len(ts))
+        ptr = np.zeros(len(ts) + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        idx = np.fromiter((d for t in ts for d in t.deps), dtype=np.int64, count=int(ptr[-1]))
+        return cls(
+            name=s.name,
+            collective=Collective(s.collective),
+            nranks=s.nranks,
+            chunks_per_rank=s.chunks_per_rank,
+            src=np.fromiter((t.src for t in ts), dtype=np.int32, count=len(ts)),
+            dst=np.fromiter((t.dst for t in ts), dtype=np.int32, count=len(ts)),
+            chunk=np.fromiter((t.chunk for t in ts), dtype=np.int64, count=len(ts)),
+            count=np.fromiter((t.count for t in ts), dtype=np.int32, count=len(ts)),
+            reduce=np.fromiter((t.reduce for t in ts), dtype=bool, count=len(ts)),
+            channel=np.fromiter((t.channel for t in ts), dtype=np.int32, count=len(ts)),
+            dep_ptr=ptr,
+            dep_idx=idx,
+            root=s.root,
+            protocol=s.protocol,
+            channels=s.channels,
+        )
+
+    def to_schedule(self) -> Schedule:
+        ptr, idx = self.dep_ptr.tolist(), self.dep_idx.tolist()
+        transfers = [
+            Transfer(s, d, c, n, r, tuple(idx[ptr[i] : ptr[i + 1]]), ch)
+            for i, (s, d, c, n, r, ch) in enumerate(
+                zip(
+                    self.src.tolist(),
+                    self.dst.tolist(),
+                    self.chunk.tolist(),
+                    self.count.tolist(),
+                    self.reduce.tolist(),
+                    self.channel.tolist(),
+                    strict=True,
+                )
+            )
+        ]
+        return Schedule(
+            self.name, self.collective, self.nranks, self.chunks_per_rank, transfers,
+            self.root, self.protocol, self.channels,
+        )
+
+
+def _total_chunks(collective: Collective, n: int, c: int) -> int:
+    if collective in (Collective.ALLGATHER, Collective.REDUCESCATTER):
+        return n * c
+    if collective == Collective.ALLTOALL:
+        return n * n * c
+    return c

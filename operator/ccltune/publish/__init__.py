@@ -1,1 +1,1 @@
-"""publish layer of ccltune."""
+"""Plan -> files and ConfigMaps. Pure functions: callers do the writing."""
