@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from .api.ccltuning import CCLTuningSpec, CollectiveTask, Parallelism
 from .api.cluster import ClusterTopology
 from .api.common import Collective, Source, parse_size
-from .api.plan import Choice, Estimate, Plan, PlanFile, PlanTask, TaskKey
-from .model.bounds import lower_bound
+from .api.plan import Plan, PlanFile, PlanTask, TaskKey
 from .model.nccl_default import default_estimate, nccl_default
 from .publish.files import (
     NCCL_CONF,
@@ -142,17 +141,12 @@ def _task_key(task: CollectiveTask, index: int, spec: CCLTuningSpec, topo: Clust
     return key, Communicator(task.role, ranks)
 
 
-def _with_bound(est: Estimate, collective: Collective, topo: ClusterTopology) -> Estimate:
-    bound = lower_bound(collective, est.size_bytes, topo)
-    return est.model_copy(
-        update={"bound_us": bound.time_us, "pct_of_bound": 100.0 * bound.time_us / est.time_us}
-    )
-
-
 def _baseline_task(key: TaskKey, sub: ClusterTopology, progress: Progress) -> PlanTask:
     progress(f"{key.collective} on {key.ranks} ranks: NCCL default (simulated)")
-    sizes = size_points(key.min_bytes, key.max_bytes)
-    estimates = [_with_bound(default_estimate(key.collective, s, sub), key.collective, sub) for s in sizes]
+    estimates = []
+    for size in size_points(key.min_bytes, key.max_bytes):
+        est = default_estimate(key.collective, size, sub)
+        estimates.append(est.model_copy(update={"choice": nccl_default(key.collective, size, sub).choice}))
     default = nccl_default(key.collective, key.max_bytes, sub).choice
     return PlanTask(
         key=key,

@@ -54,6 +54,7 @@ class Estimate(WireModel):
     source: Source
     bound_us: float | None = None  # lower bound on time at this size
     pct_of_bound: float | None = None  # bound_us / time_us * 100
+    choice: Choice | None = None  # what ran at this size, when it varies by size
 
 
 class PlanTask(WireModel):

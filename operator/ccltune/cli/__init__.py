@@ -20,9 +20,9 @@ def _root() -> None:
 
 def _register() -> None:
     # Sub-command modules: each defines register(app). Imported here so `--help` lists them all.
-    from . import crds, plan
+    from . import crds, plan, topology
 
-    for module in (crds, plan):
+    for module in (plan, topology, crds):
         module.register(app)
     for optional in ("synthesize", "tune"):
         try:

@@ -62,15 +62,16 @@ def _write(out: Path, files: list[PlanFile], manifests: list[dict[str, Any]]) ->
 def _print_task(task: PlanTask) -> None:
     key = task.key
     table = Table(
-        title=f"{key.collective} · {key.role} · {key.ranks} ranks / {key.nodes} node(s) · "
-        f"default {task.default.describe()} · chosen {task.chosen.describe()}",
+        title=f"{key.collective} · {key.role} · {key.ranks} ranks / {key.nodes} node(s)",
         title_justify="left",
     )
-    for col in ("size", "time µs", "algbw GB/s", "busbw GB/s", "bound busbw", "% of bound", "vs default", "source"):
-        table.add_column(col, justify="right" if col != "source" else "left")
+    for col in ("size", "choice", "time µs", "algbw GB/s", "busbw GB/s", "bound busbw", "% of bound", "vs default"):
+        table.add_column(col, justify="left" if col == "choice" else "right")
+    table.add_column("source", no_wrap=True, min_width=9)
     for r in task_rows(task):
         table.add_row(
             format_size(r.size),
+            r.choice,
             f"{r.time_us:.2f}",
             f"{r.algbw_gbps:.2f}",
             f"{r.busbw_gbps:.2f}",

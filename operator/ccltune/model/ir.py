@@ -56,7 +56,7 @@ class Schedule:
             return n * n * c
         return c
 
-    def chunk_bytes(self, size_bytes: int) -> float:
+    def chunk_bytes(self, size_bytes: float) -> float:
         """Bytes in one chunk when the collective moves `size_bytes` (nccl-tests' size column).
 
         nccl-tests' size is the whole output for allgather, the whole input for reducescatter,
@@ -102,7 +102,7 @@ class ScheduleArrays:
     def total_chunks(self) -> int:
         return _total_chunks(self.collective, self.nranks, self.chunks_per_rank)
 
-    def chunk_bytes(self, size_bytes: int) -> float:
+    def chunk_bytes(self, size_bytes: float) -> float:
         if self.collective == Collective.ALLTOALL:
             return size_bytes / (self.nranks * self.chunks_per_rank)
         return size_bytes / self.total_chunks

@@ -21,6 +21,8 @@ class Row:
     pct_of_bound: float | None
     speedup: float
     source: str
+    default_choice: str
+    choice: str
 
 
 def task_rows(task: PlanTask) -> list[Row]:
@@ -39,6 +41,8 @@ def task_rows(task: PlanTask) -> list[Row]:
                 pct_of_bound=None if c.pct_of_bound is None else round(c.pct_of_bound, 1),
                 speedup=round(d.time_us / c.time_us, 3),
                 source=str(c.source),
+                default_choice=(d.choice or task.default).describe(),
+                choice=(c.choice or task.chosen).describe(),
             )
         )
     return rows
@@ -62,19 +66,19 @@ def render_report_md(plan: Plan, topology_line: str) -> str:
         out += [
             f"## {key.collective} · {key.role} · {key.ranks} ranks on {key.nodes} node(s)",
             "",
-            f"NCCL default: `{task.default.describe()}` · chosen: `{task.chosen.describe()}`"
+            f"Size range {format_size(key.min_bytes)} to {format_size(key.max_bytes)}"
             + (f" · {task.trials} tuning trials" if task.trials else ""),
             "",
-            "| size | default µs | default busbw | chosen µs | algbw GB/s | busbw GB/s "
-            "| bound busbw | % of bound | speedup | source |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| size | NCCL default | default µs | default busbw | chosen | chosen µs | algbw GB/s "
+            "| busbw GB/s | bound busbw | % of bound | speedup | source |",
+            "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in task_rows(task):
             bound = "" if r.bound_busbw_gbps is None else f"{r.bound_busbw_gbps:.2f}"
             pct = "" if r.pct_of_bound is None else f"{r.pct_of_bound:.1f}%"
             out.append(
-                f"| {format_size(r.size)} | {r.default_time_us:.2f} | {r.default_busbw_gbps:.2f} "
-                f"| {r.time_us:.2f} | {r.algbw_gbps:.2f} | {r.busbw_gbps:.2f} | {bound} | {pct} "
+                f"| {format_size(r.size)} | {r.default_choice} | {r.default_time_us:.2f} "
+                f"| {r.default_busbw_gbps:.2f} | {r.choice} | {r.time_us:.2f} | {r.algbw_gbps:.2f} | {r.busbw_gbps:.2f} | {bound} | {pct} "
                 f"| {r.speedup:.2f}x | {r.source} |"
             )
         for note in task.notes:

@@ -1,0 +1,5 @@
+"""python -m ccltune_agent"""
+
+from .cli import main
+
+main()

@@ -1,0 +1,112 @@
+"""Operator at scale on the KMock emulator: N NodeTopology objects, M CCLTunings.
+
+    .venv/bin/python benchmarks/operator_scale.py [--nodes 1000] [--tunings 50] [--nodes-per-tuning 16]
+
+Starts the emulator (tests/controller/harness.py), creates N GPU Nodes and one NodeTopology per
+node (the harness writes them from one recorded probe, renamed per node, as N agents would; running
+1,000 agent processes is not the point here), starts `kopf run` of the operator, applies M
+CCLTunings each pinned to its own slice of nodes, and measures wall time until every CCLTuning is
+Ready=True and the operator process's peak RSS (VmHWM from /proc/<pid>/status). All planning runs
+in-process (simulated numbers; no Jobs). Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "controller"))
+
+from harness import cluster_at, operator_env, start_operator  # noqa: E402
+
+from ccltune_agent.nvml import ReplayNvml  # noqa: E402
+from ccltune_agent.probe import probe  # noqa: E402
+
+GV = "ccltune.io/v1alpha1"
+FIXTURE = REPO / "tests" / "fixtures" / "agent" / "dgx-a100"
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--tunings", type=int, default=50)
+    parser.add_argument("--nodes-per-tuning", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+
+    base = probe("template", FIXTURE / "sysfs", ReplayNvml(FIXTURE / "nvml.json")).spec
+    with tempfile.TemporaryDirectory() as tmp, cluster_at(Path(tmp)) as c:
+        c.load_crds()
+        t0 = time.monotonic()
+        for i in range(args.nodes):
+            name = f"gpu-{i:04d}"
+            c.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
+                "nvidia.com/gpu.present": "true", "ccltune.io/tor": f"t{i // 32}", "ccltune.io/spine": "s0"}}})
+            spec = base.model_copy(update={"node_name": name}).wire()
+            c.create({"apiVersion": GV, "kind": "NodeTopology", "metadata": {"name": name}, "spec": spec})
+        setup_s = time.monotonic() - t0
+
+        op = start_operator(c, operator_env(c, CCLTUNE_INPROCESS_MAX_GPUS="100000",
+                                            CCLTUNE_RETRY_SECONDS="2"), name="operator-bench")
+        try:
+            time.sleep(3)  # operator startup, not counted
+            t1 = time.monotonic()
+            per = args.nodes_per_tuning
+            for j in range(args.tunings):
+                names = [f"gpu-{(j * per + k) % args.nodes:04d}" for k in range(per)]
+                c.create({"apiVersion": GV, "kind": "CCLTuning",
+                          "metadata": {"name": f"job-{j:03d}", "namespace": f"team-{j % 5}"},
+                          "spec": {"selector": {"matchLabels": {"job": f"job-{j:03d}"}},
+                                   "nodes": {"names": names},
+                                   "collectives": [{"op": "allreduce", "minBytes": "1M", "maxBytes": "1G"},
+                                                   {"op": "allgather", "minBytes": "1M", "maxBytes": "1G"}]}})
+
+            def ready() -> int:
+                n = 0
+                for t in c.list(GV, "ccltunings"):
+                    conds = (t.get("status") or {}).get("conditions") or []
+                    n += any(x["type"] == "Ready" and x["status"] == "True" for x in conds)
+                return n
+
+            while (done := ready()) < args.tunings:
+                if time.monotonic() - t1 > args.timeout:
+                    print(op.tail(40))
+                    raise SystemExit(f"only {done}/{args.tunings} Ready after {args.timeout}s")
+                time.sleep(1)
+            all_ready_s = time.monotonic() - t1
+            peak = peak_rss_mib(op.proc.pid)
+            requests = sum(1 for r in c.api_log() if r["identity"] == "operator")
+        finally:
+            op.stop()
+
+    print("| NodeTopology objects | CCLTunings | GPUs per tuning | time to all Ready (s) | "
+          "operator peak RSS (MiB) | operator API requests |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.nodes} | {args.tunings} | {8 * args.nodes_per_tuning} | {all_ready_s:.1f} | "
+          f"{peak:.0f} | {requests} |")
+    print()
+    print(f"(setup of {args.nodes} Nodes + NodeTopologies: {setup_s:.1f}s, not counted; measured)")
+    print(f"machine: nproc={__import__('os').cpu_count()}, python {platform.python_version()}, {cpu_model()}")
+
+
+if __name__ == "__main__":
+    main()

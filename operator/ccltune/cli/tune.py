@@ -1,0 +1,121 @@
+"""`ccltune tune`: search NCCL's knobs for collectives on a cluster, offline or on GPU nodes."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..api.common import format_size
+from ..api.plan import TaskKey
+from ..topology.load import load_cluster
+from ..tune.keys import parse_collective, parse_size_range
+from ..tune.profilers.replay import FALLBACKS
+from ..tune.searchers import SEARCHERS
+from ..tune.tuner import TuningResult, tune_tasks
+from .common import console, fail, user_errors
+
+
+def tune(
+    cluster: str = typer.Option(..., "--cluster", "-c", help="Preset name or cluster/ASTRA-sim YAML file."),
+    collective: list[str] = typer.Option(
+        ["allreduce"], "--collective", help="allreduce, allgather, reducescatter, broadcast, alltoall; repeat or comma-separate."
+    ),
+    sizes: str = typer.Option("1K:1G", "--sizes", help="Size range MIN:MAX (K/M/G binary), bucketed by --size-factor."),
+    ranks: int | None = typer.Option(None, "--ranks", help="Communicator size (default: the whole cluster)."),
+    nodes: int | None = typer.Option(None, "--nodes", help="Nodes the communicator spans (default: what --ranks needs)."),
+    role: str = typer.Option("world", "--role", help="Communicator role in the task key (world, tp, dp, pp, ep)."),
+    profiler: str = typer.Option("simulated", "--profiler", help="simulated | replay:FILE | live"),
+    searcher: str = typer.Option("autoccl", "--searcher", help=" | ".join(SEARCHERS)),
+    budget: int = typer.Option(200, "--budget", help="Trials per task key (size bucket)."),
+    seed: int = typer.Option(0, "--seed"),
+    nccl_version: str = typer.Option("2.24", "--nccl-version", help="NCCL release the settings are for."),
+    size_factor: int = typer.Option(2, "--size-factor", help="Bucket width: sizes MIN, MIN*f, ..."),
+    interference: float = typer.Option(0.0, "--interference", help="simulated: share of SMs/memory bandwidth taken by compute [0,1]."),
+    noise: float = typer.Option(0.02, "--noise", help="simulated: relative std. dev. of one repetition."),
+    fallback: str = typer.Option("error", "--fallback", help=f"replay: missing points -> {' | '.join(FALLBACKS)}."),
+    inplace: bool = typer.Option(False, "--inplace", help="replay/live: use nccl-tests' in-place columns."),
+    sharp: bool | None = typer.Option(None, "--sharp/--no-sharp", help="Network has SHARP (CollNet); default: node label 'sharp'."),
+    launcher: str = typer.Option("", "--launcher", help="live: command prefix starting one process per GPU (e.g. 'mpirun -np 16 -x NCCL_ALGO ...')."),
+    bindir: str = typer.Option("", "--bindir", help="live: directory of the nccl-tests binaries."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write nccl_tuner.conf, nccl.conf and tuning.json here."),
+) -> None:
+    """Tune NCCL (algorithm, protocol, channels, threads, buffer, transport) per task key."""
+    with user_errors():
+        topo = load_cluster(cluster)
+        colls = [parse_collective(c, "--collective") for item in collective for c in item.split(",") if c.strip()]
+        if not colls:
+            fail("--collective: give at least one collective")
+        lo, hi = parse_size_range(sizes, "--sizes")
+        n_ranks = ranks if ranks is not None else topo.world_size
+        if n_ranks < 2:
+            fail(f"--ranks: a communicator needs at least 2 ranks, got {n_ranks}")
+        n_nodes = nodes if nodes is not None else max(1, -(-n_ranks // topo.gpus_per_node))
+        if fallback not in FALLBACKS:
+            fail(f"--fallback: {fallback!r} is not one of {', '.join(FALLBACKS)}")
+        # Whole ranges: tune_tasks buckets them (by --size-factor, or at a replayed table's sizes).
+        keys = [TaskKey(collective=c, min_bytes=lo, max_bytes=hi, ranks=n_ranks, nodes=n_nodes, role=role) for c in colls]
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as bar:
+            job = bar.add_task("tuning", total=None)
+
+            def step(msg: str, done: int, total: int) -> None:
+                bar.update(job, description=msg, completed=done, total=total)
+
+            result = tune_tasks(
+                keys, topo, searcher=searcher, profiler=profiler, budget=budget, seed=seed,
+                nccl_version=nccl_version, size_factor=size_factor, sharp=sharp, progress=step,
+                interference=interference, noise=noise, fallback=fallback, inplace=inplace,
+                collective=colls[0], ranks=n_ranks, nodes=n_nodes,
+                launcher=shlex.split(launcher), bindir=bindir,
+            )
+        if out is not None:
+            _write(out, result)
+    _print(result)
+    if out is not None:
+        console.print(f"wrote {out}/ (nccl_tuner.conf, nccl.conf, tuning.json)")
+
+
+def _write(out: Path, result: TuningResult) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, content in result.files.items():
+        (out / name).write_text(content)
+    doc = {
+        "searcher": result.searcher, "profiler": result.profiler, "source": str(result.source),
+        "budget": result.budget, "seed": result.seed, "env": result.env, "notes": result.notes,
+        "tasks": [t.plan_task().wire() for t in result.tasks],
+    }
+    (out / "tuning.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _print(result: TuningResult) -> None:
+    src = str(result.source)
+    table = Table(title=f"ccltune tune · {result.searcher} on {result.profiler} · busbw in GB/s ({src})")
+    for col in ("task key", "sizes", "NCCL default", f"busbw ({src})", "tuned", f"busbw ({src})", "speedup", "trials"):
+        table.add_column(col, justify="right" if col in ("speedup", "trials") or col.startswith("busbw") else "left")
+    for t in result.tasks:
+        k = t.key
+        default = t.plan_task().default.describe() if t.default else "NCCL (logged)"
+        table.add_row(
+            f"{k.collective}/{k.role}/{k.ranks}r{k.nodes}n",
+            f"{format_size(k.min_bytes)}-{format_size(k.max_bytes)}",
+            default,
+            f"{t.default_busbw:.1f}",
+            t.choice().describe() + (f" {t.deployed.threads}t" if t.deployed and not t.synthesized else ""),
+            f"{t.chosen_busbw:.1f}",
+            f"{t.speedup:.2f}x",
+            str(t.trials),
+        )
+    console.print(table)
+    for name, value in sorted(result.env.items()):
+        console.print(f"  {name}={value}", highlight=False)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune)

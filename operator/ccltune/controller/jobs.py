@@ -1,0 +1,175 @@
+"""Big plans run as batch/v1 Jobs from the operator's own image.
+
+Names derive from the plan input hash, so a restarted operator finds the Job it already started
+instead of starting another. The Job reads an input ConfigMap and writes a labeled result
+ConfigMap (see planjob.py); both are owned by the Job and go when its TTL removes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..api.ccltuning import CCLTuningSpec
+from ..api.cluster import ClusterTopology
+from ..api.common import API_GROUP
+from ..api.plan import Plan
+from .config import OperatorConfig
+
+LABEL_INPUT = f"{API_GROUP}/plan-input"
+LABEL_ROLE = f"{API_GROUP}/job-role"
+LABEL_TUNING_UID = f"{API_GROUP}/tuning-uid"
+INPUT_KEY = "input.json"
+RESULT_KEY = "plan.json.gz"
+ERROR_KEY = "error.txt"
+PLANJOB_MODULE = "ccltune.controller.planjob"
+# Bumped when the plan-job wire format changes, so old results are never reused.
+FORMAT = 1
+
+
+def plan_input(spec: CCLTuningSpec, cluster: ClusterTopology, *, name: str) -> dict[str, Any]:
+    return {"format": FORMAT, "name": name, "spec": spec.wire(), "cluster": cluster.wire()}
+
+
+def input_hash(payload: dict[str, Any], namespace: str) -> str:
+    canon = json.dumps({"ns": namespace, **payload}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class JobNames:
+    digest: str
+
+    @property
+    def job(self) -> str:
+        return f"ccltune-plan-{self.digest[:12]}"
+
+    @property
+    def input(self) -> str:
+        return f"{self.job}-input"
+
+    @property
+    def result(self) -> str:
+        return f"{self.job}-result"
+
+
+def needs_job(spec: CCLTuningSpec, cluster: ClusterTopology, ntasks: int, cfg: OperatorConfig) -> str | None:
+    """Why this plan should run as a Job, or None to run it in-process."""
+    world = cluster.world_size
+    if world > cfg.inprocess_max_gpus:
+        return f"{world} GPUs > inprocessMaxGpus {cfg.inprocess_max_gpus}"
+    if spec.synthesis.enabled and world > cfg.inprocess_max_synth_gpus:
+        return f"synthesis over {world} GPUs > inprocessMaxSynthGpus {cfg.inprocess_max_synth_gpus}"
+    trials = spec.tuning.budget * max(ntasks, 1) if spec.tuning.enabled else 0
+    if trials > cfg.inprocess_max_trials:
+        return f"{trials} tuning trials > inprocessMaxTrials {cfg.inprocess_max_trials}"
+    return None
+
+
+def _labels(names: JobNames, tuning_uid: str, role: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/managed-by": "ccltune-operator",
+        "app.kubernetes.io/component": "plan-job",
+        LABEL_INPUT: names.digest[:63],
+        LABEL_ROLE: role,
+        LABEL_TUNING_UID: tuning_uid,
+    }
+
+
+def input_configmap(names: JobNames, payload: dict[str, Any], namespace: str, tuning_uid: str) -> dict[str, Any]:
+    packed = base64.b64encode(gzip.compress(json.dumps(payload).encode(), mtime=0)).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": names.input, "namespace": namespace,
+                     "labels": _labels(names, tuning_uid, "input")},
+        "immutable": True,
+        "binaryData": {INPUT_KEY + ".gz": packed},
+    }
+
+
+def job_manifest(names: JobNames, cfg: OperatorConfig, tuning_uid: str, deadline_s: int) -> dict[str, Any]:
+    labels = _labels(names, tuning_uid, "job")
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": names.job, "namespace": cfg.namespace, "labels": labels},
+        "spec": {
+            "backoffLimit": cfg.job_backoff_limit,
+            "activeDeadlineSeconds": deadline_s,
+            "ttlSecondsAfterFinished": cfg.job_ttl_seconds,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": cfg.job_service_account,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65534,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "plan",
+                        "image": cfg.operator_image,
+                        "imagePullPolicy": cfg.image_pull_policy,
+                        "command": ["python", "-m", PLANJOB_MODULE],
+                        "args": ["--namespace", cfg.namespace, "--input", names.input,
+                                 "--output", names.result, "--job", names.job],
+                        "resources": cfg.job_resources,
+                        "securityContext": {"allowPrivilegeEscalation": False,
+                                            "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                    }],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def owner_ref(obj: dict[str, Any], *, controller: bool = True) -> dict[str, Any]:
+    meta = obj["metadata"]
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"],
+            "uid": meta.get("uid", ""), "controller": controller, "blockOwnerDeletion": True}
+
+
+def result_configmap(name: str, plan: Plan | None, namespace: str, job: dict[str, Any] | None,
+                     *, error: str | None = None) -> dict[str, Any]:
+    """The Job's output: the Plan (gzipped JSON) or, when planning failed, the error text."""
+    labels = dict((job or {}).get("metadata", {}).get("labels") or {})
+    labels[LABEL_ROLE] = "result"
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+    if job is not None:
+        meta["ownerReferences"] = [owner_ref(job)]
+    body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "immutable": True}
+    if plan is not None:
+        packed = base64.b64encode(gzip.compress(plan.model_dump_json(by_alias=True).encode(), mtime=0))
+        body["binaryData"] = {RESULT_KEY: packed.decode()}
+    else:
+        body["data"] = {ERROR_KEY: (error or "plan job failed")[:4000]}
+    return body
+
+
+def read_payload(cm: dict[str, Any], key: str) -> Any:
+    data = (cm.get("binaryData") or {}).get(key)
+    if data is None:
+        raise ValueError(f"ConfigMap {cm['metadata']['name']} has no key {key}")
+    return json.loads(gzip.decompress(base64.b64decode(data)))
+
+
+def job_failure(job: dict[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) when the Job failed for good, from its Failed condition."""
+    status = job.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Failed" and cond.get("status") == "True":
+            return cond.get("reason") or "JobFailed", cond.get("message") or ""
+    return None
+
+
+def job_succeeded(job: dict[str, Any]) -> bool:
+    status = job.get("status") or {}
+    if any(c.get("type") == "Complete" and c.get("status") == "True" for c in status.get("conditions") or []):
+        return True
+    return bool(status.get("succeeded"))

@@ -1,0 +1,166 @@
+"""The operator: `kopf run --standalone -m ccltune.controller.main` (this module only wires handlers).
+
+Handlers: CCLTuning create/update/resume -> reconcile; CCLTuning deleted -> DaemonSet sync and
+Job cleanup; NodeTopology changes -> re-plan the tunings that used them; agent DaemonSet deleted
+-> recreate; Pod CREATE -> mutating webhook.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+import httpx
+import kopf
+
+from ..api.common import API_GROUP, API_VERSION
+from . import daemonset, metrics, webhook
+from .config import ConfigError, load_config
+from .jobs import LABEL_TUNING_UID
+from .kube import ApiError, KubeClient, connection_from_env, event_body
+from .reconcile import Context, forget, nodes_changed, reconcile, report_hash, request_replan
+
+KOPF_PREFIX = f"kopf.{API_GROUP}"
+_state: dict[str, Context] = {}
+
+
+def ctx() -> Context:
+    return _state["ctx"]
+
+
+@kopf.on.startup()
+async def startup(*, settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
+    try:
+        cfg = load_config()
+    except ConfigError as exc:
+        raise kopf.PermanentError(f"configuration: {exc}") from None
+    # Our status schema has no room for kopf's own bookkeeping: keep it in annotations, under a
+    # prefix of its own (kopf ignores every annotation under its prefix, and ccltune.io/replan
+    # must count as a change).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=KOPF_PREFIX, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+    settings.posting.level = logging.WARNING  # Events come from condition transitions instead
+    settings.execution.max_workers = 4
+    settings.admission.server = kopf.WebhookServer(
+        addr=cfg.webhook_addr, port=cfg.webhook_port, host=cfg.webhook_host,
+        certfile=cfg.webhook_certfile, pkeyfile=cfg.webhook_keyfile, insecure=cfg.webhook_insecure)
+    settings.admission.managed = cfg.webhook_managed
+    metrics.serve(cfg.metrics_port)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API call is noise
+    _state["ctx"] = Context(client=KubeClient(connection_from_env()), cfg=cfg)
+    logger.info("ccltune operator configured: namespace=%s webhook=%s metrics=%s",
+                cfg.namespace, cfg.webhook_port, cfg.metrics_port or "off")
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    if "ctx" in _state:
+        await _state.pop("ctx").client.aclose()
+
+
+@kopf.on.resume(API_GROUP, API_VERSION, "ccltunings", id="plan")
+@kopf.on.create(API_GROUP, API_VERSION, "ccltunings", id="plan")
+@kopf.on.update(API_GROUP, API_VERSION, "ccltunings", id="plan")
+async def plan(*, body: kopf.Body, started: datetime, logger: kopf.Logger, **_: Any) -> None:
+    await reconcile(ctx(), _raw(body), started=started, logger=logger)
+
+
+@kopf.on.event(API_GROUP, API_VERSION, "ccltunings")
+async def tuning_gone(*, type: str, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    if type != "DELETED":
+        return
+    c = ctx()
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    c.inputs.pop(key, None)
+    c.waiting.pop(key, None)
+    forget(*key)
+    # Published ConfigMaps go by owner reference; Jobs live in our namespace, so delete them here
+    # (their input/result ConfigMaps are owned by the Job).
+    uid = meta.get("uid")
+    if uid:
+        for job in await c.client.list("batch/v1", "jobs", c.cfg.namespace,
+                                       label_selector=f"{LABEL_TUNING_UID}={uid}"):
+            if (job["metadata"].get("labels") or {}).get(LABEL_TUNING_UID) == uid:
+                await c.client.delete("batch/v1", "jobs", job["metadata"]["name"], c.cfg.namespace)
+    action = await daemonset.sync(c.client, c.cfg)
+    metrics.DAEMONSET_SYNCS.labels(action).inc()
+    logger.info("CCLTuning deleted; agent DaemonSet %s", action)
+
+
+@kopf.on.event("apps", "v1", "daemonsets", labels={"app.kubernetes.io/name": daemonset.NAME})
+async def agents_gone(*, type: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
+    c = ctx()
+    if type == "DELETED" and namespace == c.cfg.namespace:
+        action = await daemonset.sync(c.client, c.cfg)
+        metrics.DAEMONSET_SYNCS.labels(f"repair-{action}").inc()
+        logger.warning("agent DaemonSet was deleted; %s it", action)
+
+
+@kopf.on.event(API_GROUP, API_VERSION, "nodetopologies")
+async def report_changed(*, type: str, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    c = ctx()
+    raw = _raw(body)
+    node = (raw.get("spec") or {}).get("nodeName") or raw["metadata"]["name"]
+    content = None if type == "DELETED" else report_hash(raw)
+    for key in await nodes_changed(c, node, content):
+        logger.info("NodeTopology of %s changed (%s): re-planning %s/%s", node, content, *key)
+        await request_replan(c, key, f"{node}@{content or 'deleted'}")
+
+
+@kopf.index(API_GROUP, API_VERSION, "ccltunings")
+def tunings_by_namespace(*, namespace: str | None, name: str, uid: str, spec: kopf.Spec,
+                         status: kopf.Status, **_: Any) -> dict[str, webhook.Entry] | None:
+    entry = webhook.entry(name, _raw(spec), _raw(status), uid)
+    return None if entry is None or namespace is None else {namespace: entry}
+
+
+@kopf.on.mutate("", "v1", "pods", operations=["CREATE"], id="inject",
+                side_effects=True, ignore_failures=True)
+async def inject(*, body: kopf.Body, patch: kopf.Patch, namespace: str | None, dryrun: bool,
+                 logger: kopf.Logger, **kwargs: Any) -> None:
+    index: kopf.Index[str, webhook.Entry] = kwargs["tunings_by_namespace"]
+    pod = _raw(body)
+    ns = namespace or pod.get("metadata", {}).get("namespace") or "default"
+    labels = pod.get("metadata", {}).get("labels") or {}
+    chosen = webhook.select(labels, list(index.get(ns, [])))
+    if chosen is None:
+        metrics.INJECTIONS.labels("unselected").inc()
+        return
+    pod_name = pod.get("metadata", {}).get("name") or pod.get("metadata", {}).get("generateName", "") + "*"
+    tuning_ref = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "CCLTuning",
+                  "name": chosen.name, "namespace": ns, "uid": chosen.uid}
+    pointer = None
+    if chosen.published:
+        try:
+            pointer = await ctx().client.get("v1", "configmaps", chosen.pointer, ns)
+        except ApiError as exc:
+            logger.warning("cannot read %s/%s: %s", ns, chosen.pointer, exc)
+    if pointer is None:
+        metrics.INJECTIONS.labels("no-plan").inc()
+        if not dryrun:  # kopf's event queue is not reachable from webhook requests: post directly
+            event = event_body(tuning_ref, "Warning", "PodNotInjected",
+                               f"pod {ns}/{pod_name} admitted unchanged: no published plan yet",
+                               component="ccltune-webhook")
+            try:
+                await ctx().client.create("v1", "events", event, ns)
+            except (ApiError, httpx.HTTPError) as exc:
+                logger.warning("could not post the PodNotInjected event: %s", exc)
+        return
+    desired = webhook.injected_pod(pod, webhook.read_manifest(pointer), chosen.name)
+    delta = webhook.changes(pod, desired)
+    for key, value in delta.items():
+        patch[key] = value
+    metrics.INJECTIONS.labels("injected" if delta else "already-injected").inc()
+
+
+def _raw(obj: Any) -> dict[str, Any]:
+    """kopf's read-only mappings -> plain nested dicts."""
+    if hasattr(obj, "items"):
+        return {k: _raw(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_raw(v) for v in obj]  # type: ignore[return-value]
+    return obj

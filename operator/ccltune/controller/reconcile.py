@@ -1,0 +1,448 @@
+"""One reconcile pass of a CCLTuning: validate, discover, plan (here or in a Job), publish.
+
+Every step is idempotent and keyed by content (plan input hash, plan digest), so a pass can be
+cut anywhere (operator restart) and the next one picks up where the cluster state says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kopf
+from pydantic import ValidationError
+
+from ..api.ccltuning import CCLTuningSpec, PublishedConfigMap, TaskResult, TopologySummary
+from ..api.cluster import ClusterTopology
+from ..api.common import API_GROUP, API_VERSION
+from ..api.errors import one_line
+from ..api.nodetopology import NodeTopology
+from ..api.plan import Plan
+from . import daemonset, jobs, metrics, topology
+from .config import OperatorConfig
+from .kube import ApiError, KubeClient
+from .publishing import apply_configmaps, prune, with_owner
+from .selectors import target_nodes
+from .status import StatusBook
+
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+REPROBE_REQUEST = f"{API_GROUP}/reprobe-request"
+REPROBE_SERVED = f"{API_GROUP}/reprobe-served"
+REPLAN_ANNOTATION = f"{API_GROUP}/replan"
+
+
+@dataclass
+class Context:
+    client: KubeClient
+    cfg: OperatorConfig
+    # (namespace, name) -> {node: content hash} of the reports the last plan used.
+    inputs: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    # Tunings waiting for reports of these nodes: (namespace, name) -> nodes.
+    waiting: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+
+
+class Stop(Exception):
+    """End this pass: permanent (no retries until something changes) or retry after a delay."""
+
+    def __init__(self, message: str, *, delay: float | None = None) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+def report_hash(report: dict[str, Any]) -> str:
+    spec = report.get("spec") or {}
+    if spec.get("contentHash"):
+        return str(spec["contentHash"])
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {"apiVersion": GROUP_VERSION, "kind": "CCLTuning", "name": meta["name"],
+            "uid": meta.get("uid", ""), "controller": True, "blockOwnerDeletion": True}
+
+
+def _status_patch(book: StatusBook) -> dict[str, Any]:
+    wire = book.wire()
+    # Merge patch keeps fields it does not mention: clear the ones this pass left unset.
+    for name, info in type(book.status).model_fields.items():
+        alias = info.alias or name
+        wire.setdefault(alias, None)
+    return {"status": wire}
+
+
+async def write_status(ctx: Context, body: dict[str, Any], book: StatusBook) -> None:
+    meta = body["metadata"]
+    await ctx.client.patch(GROUP_VERSION, "ccltunings", meta["name"], _status_patch(book),
+                           meta["namespace"], subresource="status")
+    for cond in book.transitions:
+        kind = "Warning" if cond.status == "False" and cond.reason not in _QUIET else "Normal"
+        kopf.event(kopf.Body(cast(kopf.RawBody, body)), type=kind, reason=cond.reason, message=f"{cond.type}={cond.status}: {cond.message}"[:1024])
+    book.transitions = []
+    ready = book.condition("Ready")
+    ctx_ready = ready is not None and ready.status == "True"
+    _ready_set(meta, ctx_ready)
+
+
+_QUIET = {"NotRequested", "WaitingForNodeReports", "Planning", "PlanJobRunning", "ReprobeRequested"}
+_ready_names: set[tuple[str, str]] = set()
+
+
+def _ready_set(meta: dict[str, Any], ready: bool) -> None:
+    key = (meta["namespace"], meta["name"])
+    if ready:
+        _ready_names.add(key)
+    else:
+        _ready_names.discard(key)
+    metrics.READY.set(len(_ready_names))
+
+
+def forget(namespace: str, name: str) -> None:
+    _ready_names.discard((namespace, name))
+    metrics.READY.set(len(_ready_names))
+
+
+async def reconcile(ctx: Context, body: dict[str, Any], *, started: datetime, logger: Any) -> None:
+    """Run one pass; raises kopf.TemporaryError/PermanentError as kopf expects."""
+    t0 = time.monotonic()
+    meta = body["metadata"]
+    book = StatusBook(body.get("status"), meta.get("generation"))
+    outcome = "error"
+    try:
+        await _reconcile(ctx, body, book, started=started, logger=logger)
+        outcome = "ready"
+    except Stop as stop:
+        await write_status(ctx, body, book)
+        outcome = "retry" if stop.delay is not None else "stopped"
+        if stop.delay is not None:
+            raise kopf.TemporaryError(str(stop), delay=stop.delay) from None
+        raise kopf.PermanentError(str(stop)) from None
+    except (kopf.TemporaryError, kopf.PermanentError):
+        raise
+    except Exception as exc:
+        # A bug or an unreachable API: one line in the status, the traceback in the log.
+        logger.exception("reconcile failed")
+        book.set("Ready", "False", "InternalError", f"{type(exc).__name__}: {exc}"[:1024])
+        with contextlib.suppress(Exception):
+            await write_status(ctx, body, book)
+        raise kopf.TemporaryError(f"{type(exc).__name__}: {exc}", delay=60) from None
+    finally:
+        metrics.RECONCILES.labels(outcome).inc()
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - t0)
+
+
+async def _reconcile(ctx: Context, body: dict[str, Any], book: StatusBook, *, started: datetime,
+                     logger: Any) -> None:
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    key = (ns, name)
+    try:
+        spec = CCLTuningSpec.model_validate(body.get("spec") or {})
+    except ValidationError as exc:
+        message = one_line(exc, "spec")
+        book.set("Ready", "False", "InvalidSpec", message)
+        book.status.message = message
+        raise Stop(f"invalid spec: {message}") from None
+
+    action = await daemonset.sync(ctx.client, ctx.cfg)
+    metrics.DAEMONSET_SYNCS.labels(action).inc()
+
+    # Which nodes, and their reports.
+    nodes = await ctx.client.list("v1", "nodes")
+    pods = [] if (spec.nodes.names or spec.nodes.selector) else await ctx.client.list("v1", "pods", ns)
+    targets = target_nodes(spec, nodes, pods, ctx.cfg.gpu_label)
+    if not targets:
+        book.set("TopologyReady", "False", "NoTargetNodes",
+                 "no node matches spec.nodes and no GPU node was found")
+        book.set("Ready", "False", "NoTargetNodes", "nothing to plan for yet")
+        raise Stop("no target nodes", delay=ctx.cfg.retry_seconds * 6)
+    reports = await _reports(ctx, targets)
+    if spec.rediscover:
+        reports = await _rediscover(ctx, body, targets, reports, book, started)
+    missing = [n for n in targets if n not in reports]
+    if missing:
+        ctx.waiting[key] = set(missing)
+        shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
+        waited = (datetime.now(UTC) - started).total_seconds()
+        if waited >= ctx.cfg.topology_timeout_seconds:
+            message = f"no NodeTopology report after {int(waited)}s for node(s): {shown}"
+            book.set("TopologyReady", "False", "NodeReportsMissing", message)
+            book.set("Ready", "False", "NodeReportsMissing", message)
+            raise Stop(message)  # a report arriving later triggers a new pass
+        message = f"waiting for NodeTopology of node(s): {shown}"
+        book.set("TopologyReady", "False", "WaitingForNodeReports", message)
+        book.set("Ready", "False", "WaitingForNodeReports", message)
+        raise Stop(message, delay=ctx.cfg.retry_seconds)
+    ctx.waiting.pop(key, None)
+    used = {n: reports[n] for n in targets}
+    try:
+        parsed = [NodeTopology.model_validate({"spec": r.get("spec"), "status": r.get("status") or {}})
+                  for r in used.values()]
+        node_objs = {n["metadata"]["name"]: n for n in nodes}
+        cluster = topology.build_cluster(parsed, node_objs, name=name)
+    except topology.Unavailable as exc:
+        book.set("TopologyReady", "False", "TopologyBuilderUnavailable", str(exc))
+        book.set("Ready", "False", "TopologyBuilderUnavailable", str(exc))
+        raise Stop(str(exc)) from None
+    except (ValueError, ValidationError) as exc:
+        message = one_line(exc) if isinstance(exc, ValidationError) else str(exc)
+        book.set("TopologyReady", "False", "InvalidTopology", message)
+        book.set("Ready", "False", "InvalidTopology", message)
+        raise Stop(message) from None
+    ctx.inputs[key] = {n: report_hash(r) for n, r in used.items()}
+    book.set("TopologyReady", "True", "NodeReportsComplete",
+             f"{len(targets)} node(s): {topology.describe(cluster)}"[:1024])
+    book.status.topology = TopologySummary(
+        nodes=cluster.node_count, gpus=cluster.world_size, gpu_model=cluster.gpu_model[:256],
+        dimensions=topology.describe(cluster)[:256], symmetric=cluster.dimensions is not None)
+
+    plan = await _plan(ctx, body, spec, cluster, book, logger)
+    await _publish(ctx, body, spec, plan, book)
+    await write_status(ctx, body, book)
+
+
+async def _reports(ctx: Context, targets: list[str]) -> dict[str, dict[str, Any]]:
+    """Target node -> its NodeTopology (the agent names the object after the node)."""
+    if len(targets) > 64:  # one list beats many gets; small target sets read only what they use
+        items = await ctx.client.list(GROUP_VERSION, "nodetopologies")
+    else:
+        got = await asyncio.gather(*(ctx.client.get(GROUP_VERSION, "nodetopologies", n) for n in targets))
+        items = [r for r in got if r is not None]
+    wanted = set(targets)
+    out = {}
+    for r in items:
+        node = (r.get("spec") or {}).get("nodeName") or r["metadata"]["name"]
+        if node in wanted:
+            out[node] = r
+    return out
+
+
+async def _rediscover(ctx: Context, body: dict[str, Any], targets: list[str],
+                      reports: dict[str, dict[str, Any]], book: StatusBook, started: datetime
+                      ) -> dict[str, dict[str, Any]]:
+    """Ask the agents for a fresh probe once per generation; wait for reports newer than that."""
+    meta = body["metadata"]
+    token = f"{meta.get('uid', '')[:8]}-{meta.get('generation', 0)}"
+    pending = []
+    for node in targets:
+        report = reports.get(node)
+        if report is None:
+            continue  # a first report is fresh by definition
+        annotations = report["metadata"].get("annotations") or {}
+        if annotations.get(REPROBE_SERVED) == token:
+            continue
+        probed = (report.get("spec") or {}).get("probedAt")
+        if probed and datetime.fromisoformat(str(probed).replace("Z", "+00:00")) > started:
+            continue
+        if annotations.get(REPROBE_REQUEST) != token:
+            await ctx.client.patch(GROUP_VERSION, "nodetopologies", report["metadata"]["name"],
+                                   {"metadata": {"annotations": {REPROBE_REQUEST: token}}})
+        pending.append(node)
+    if pending:
+        message = f"asked {len(pending)} agent(s) to re-probe (token {token}): {', '.join(pending[:10])}"
+        book.set("TopologyReady", "False", "ReprobeRequested", message)
+        book.set("Ready", "False", "ReprobeRequested", message)
+        raise Stop(message, delay=ctx.cfg.retry_seconds)
+    return reports
+
+
+async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
+                book: StatusBook, logger: Any) -> Plan:
+    meta = body["metadata"]
+    from ..pipeline import PlanError, build_plan, expand_tasks
+
+    try:
+        ntasks = len(expand_tasks(spec, cluster))
+    except PlanError as exc:
+        _plan_failed(book, spec, "InvalidSpec", str(exc))
+        raise Stop(str(exc)) from None
+    why = jobs.needs_job(spec, cluster, ntasks, ctx.cfg)
+    if why is None:
+        t0 = time.monotonic()
+        try:
+            plan = await asyncio.to_thread(build_plan, spec, cluster, name=meta["name"])
+        except PlanError as exc:
+            _plan_failed(book, spec, "InvalidSpec", str(exc))
+            raise Stop(str(exc)) from None
+        except Exception as exc:
+            logger.exception("planning failed")
+            _plan_failed(book, spec, "PlanFailed", f"{type(exc).__name__}: {exc}")
+            raise Stop(str(exc)) from None
+        metrics.PLAN_SECONDS.labels("operator").observe(time.monotonic() - t0)
+        return plan
+    return await _plan_in_job(ctx, body, spec, cluster, book, why)
+
+
+async def _plan_in_job(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
+                       book: StatusBook, why: str) -> Plan:
+    meta = body["metadata"]
+    ns, jns = meta["namespace"], ctx.cfg.namespace
+    payload = jobs.plan_input(spec, cluster, name=meta["name"])
+    names = jobs.JobNames(jobs.input_hash(payload, ns))
+    result = await ctx.client.get("v1", "configmaps", names.result, jns)
+    if result is not None:
+        error = (result.get("data") or {}).get(jobs.ERROR_KEY)
+        if error is not None:
+            metrics.JOBS.labels("failed").inc()
+            _plan_failed(book, spec, "PlanJobFailed", f"Job {jns}/{names.job}: {error}")
+            raise Stop(error)
+        metrics.JOBS.labels("succeeded").inc()
+        return Plan.model_validate(jobs.read_payload(result, jobs.RESULT_KEY))
+    job = await ctx.client.get("batch/v1", "jobs", names.job, jns)
+    if job is None:
+        uid = meta.get("uid", "")
+        try:
+            await ctx.client.create("v1", "configmaps", jobs.input_configmap(names, payload, jns, uid), jns)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+        deadline = spec.synthesis.time_budget_seconds + 900 if spec.synthesis.enabled else 3600
+        try:
+            job = await ctx.client.create("batch/v1", "jobs", jobs.job_manifest(names, ctx.cfg, uid, deadline), jns)
+            metrics.JOBS.labels("created").inc()
+        except ApiError as exc:
+            if exc.status != 409:  # a concurrent pass created it: that one is ours too
+                raise
+            job = await ctx.client.get("batch/v1", "jobs", names.job, jns)
+        if job is not None:  # the input goes with the Job (owner reference, same namespace)
+            await ctx.client.patch("v1", "configmaps", names.input,
+                                   {"metadata": {"ownerReferences": [jobs.owner_ref(job)]}}, jns)
+    assert job is not None
+    failure = jobs.job_failure(job)
+    if failure is not None:
+        reason, message = failure
+        metrics.JOBS.labels("failed").inc()
+        text = f"Job {jns}/{names.job} failed: {reason}" + (f": {message}" if message else "")
+        _plan_failed(book, spec, "PlanJobFailed", text)
+        raise Stop(text)
+    if jobs.job_succeeded(job):
+        text = f"Job {jns}/{names.job} succeeded but wrote no result ConfigMap {names.result}"
+        _plan_failed(book, spec, "PlanJobNoResult", text)
+        raise Stop(text)
+    message = f"planning in Job {jns}/{names.job} ({why})"
+    for ctype, enabled in (("Synthesized", spec.synthesis.enabled), ("Tuned", spec.tuning.enabled)):
+        if enabled:
+            book.set(ctype, "Unknown", "PlanJobRunning", message)
+    book.set("Ready", "False", "PlanJobRunning", message)
+    raise Stop(message, delay=ctx.cfg.retry_seconds)
+
+
+def _plan_failed(book: StatusBook, spec: CCLTuningSpec, reason: str, message: str) -> None:
+    for ctype, enabled in (("Synthesized", spec.synthesis.enabled), ("Tuned", spec.tuning.enabled)):
+        if enabled:
+            book.set(ctype, "False", reason, message)
+    book.set("Published", "False", reason, "no plan to publish")
+    book.set("Ready", "False", reason, message)
+    book.status.message = message[:1024]
+
+
+def _cm_digest(cm: dict[str, Any]) -> str:
+    content = {"data": cm.get("data") or {}, "binaryData": cm.get("binaryData") or {}}
+    return "sha256:" + hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def config_map_name(spec: CCLTuningSpec, name: str) -> str:
+    # The same default `ccltune plan` uses, so online and offline publish the same objects.
+    return spec.publish.config_map_name or f"{name}-ccltune"
+
+
+async def _publish(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, plan: Plan, book: StatusBook) -> None:
+    from ..publish.configmaps import MANIFEST_KEY, render_configmaps
+
+    meta = body["metadata"]
+    ns = meta["namespace"]
+    cm_name = config_map_name(spec, meta["name"])
+    manifests = with_owner(render_configmaps(plan, name=cm_name, namespace=ns), owner_reference(body))
+    previous = await ctx.client.get("v1", "configmaps", cm_name, ns)
+    keep = {m["metadata"]["name"] for m in manifests}
+    if previous is not None:  # pods admitted a moment ago may still mount the last generation
+        with contextlib.suppress(KeyError, ValueError, TypeError):
+            keep |= set(json.loads((previous.get("data") or {})[MANIFEST_KEY])["configMaps"])
+    await apply_configmaps(ctx.client, manifests, ns)
+    await prune(ctx.client, cm_name, keep, ns)
+    metrics.PUBLISHED.inc()
+
+    _outcome_conditions(book, spec, plan)
+    book.status.config_maps = [
+        PublishedConfigMap(name=m["metadata"]["name"],
+                           digest=("sha256:" + plan.digest) if i == len(manifests) - 1 else _cm_digest(m))
+        for i, m in enumerate(manifests)
+    ]
+    book.status.plan_digest = "sha256:" + plan.digest
+    book.status.results = [_task_result(t) for t in plan.tasks][:256]
+    book.status.speedup = _speedup(plan)
+    book.status.message = "; ".join(plan.notes)[:1024] or None
+    book.set("Published", "True", "ConfigMapsPublished",
+             f"{cm_name} -> generation {plan.digest[:12]} ({len(manifests) - 1} content ConfigMap(s))")
+    book.set("Ready", "True", "PlanPublished", f"plan {plan.digest[:12]} published; speedup {book.status.speedup}")
+
+
+def _outcome_conditions(book: StatusBook, spec: CCLTuningSpec, plan: Plan) -> None:
+    notes = " ".join(plan.notes)
+    msccl = sum(1 for t in plan.tasks if t.chosen.kind == "msccl")
+    tuned = sum(1 for t in plan.tasks if t.trials)
+    for ctype, enabled, count, word in (
+        ("Synthesized", spec.synthesis.enabled, msccl, "synthesis"),
+        ("Tuned", spec.tuning.enabled, tuned, "tuning"),
+    ):
+        if count:
+            book.set(ctype, "True", "Done", f"{count} of {len(plan.tasks)} task(s) use the {word} result")
+        elif not enabled:
+            book.set(ctype, "False", "NotRequested", f"spec.{word.replace('tuning', 'tuning')} is off")
+        elif "not available" in notes and word in notes:
+            book.set(ctype, "False", "NotAvailable", next(n for n in plan.notes if word in n)[:1024])
+        else:
+            book.set(ctype, "False", "DefaultKept", f"{word} found nothing better than NCCL's default")
+
+
+def _task_result(task: Any) -> TaskResult:
+    default = task.default_estimates[-1] if task.default_estimates else None
+    chosen = task.chosen_estimates[-1] if task.chosen_estimates else None
+    d_time = sum(e.time_us for e in task.default_estimates)
+    c_time = sum(e.time_us for e in task.chosen_estimates)
+    return TaskResult(
+        key=task.key.label()[:256],
+        default_busbw_gbps=None if default is None else round(default.busbw_gbps, 3),
+        chosen_busbw_gbps=None if chosen is None else round(chosen.busbw_gbps, 3),
+        speedup=round(d_time / c_time, 3) if c_time > 0 else None,
+        choice=task.chosen.describe()[:256],
+        source=", ".join(sorted({str(e.source) for e in task.chosen_estimates}))[:256],
+    )
+
+
+def _speedup(plan: Plan) -> str:
+    """Total default time over total chosen time across every size point, with its source."""
+    d = sum(e.time_us for t in plan.tasks for e in t.default_estimates)
+    c = sum(e.time_us for t in plan.tasks for e in t.chosen_estimates)
+    sources = sorted({str(e.source) for t in plan.tasks for e in t.chosen_estimates})
+    if c <= 0:
+        return "n/a"
+    return f"{d / c:.2f}x ({'/'.join(sources)})"
+
+
+async def nodes_changed(ctx: Context, node: str, content: str | None) -> list[tuple[str, str]]:
+    """Tunings to re-plan because a target node's report appeared, changed or went away."""
+    out = []
+    for key, used in list(ctx.inputs.items()):
+        if node in used and used[node] != content:
+            out.append(key)
+    for key, nodes in list(ctx.waiting.items()):
+        if node in nodes and content is not None and key not in out:
+            out.append(key)
+    return out
+
+
+async def request_replan(ctx: Context, key: tuple[str, str], why: str) -> None:
+    ns, name = key
+    try:
+        await ctx.client.patch(GROUP_VERSION, "ccltunings", name,
+                               {"metadata": {"annotations": {REPLAN_ANNOTATION: why[:200]}}}, ns)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise

@@ -1,0 +1,702 @@
+"""NCCL's algorithms as schedules (ir.py semantics) on any ClusterTopology.
+
+What is modeled, and where it comes from (NCCL source, v2.19 line):
+- ring (src/graph/search.cc, connect.cc, device/all_gather.h, reduce_scatter.h, all_reduce.h,
+  broadcast.h): one ring per channel; all GPUs of a node in NVLink order, then on to the next node.
+  Channel c rotates the intra-node order so that it leaves each node from a different GPU (and so
+  from a different NIC), as NCCL's rings spread channels over NICs. The buffer is cut into
+  `chunks` pipeline chunks per channel; consecutive chunks go to consecutive channels.
+- tree (src/graph/trees.cc, connect.cc, device/all_reduce.h runTreeUpDown): a chain through the
+  GPUs of each node plus a double binary tree over nodes (the second tree mirrored for an even
+  node count, shifted by one for odd); even channels use tree 0, odd channels tree 1. Allreduce
+  reduces up the tree, then broadcasts down, pipelined chunk by chunk.
+- direct alltoall (nccl-tests alltoall = grouped ncclSend/ncclRecv to every peer; NCCL orders
+  peers as rank+i / rank-i).
+- hierarchical ("nvls", "nvls_tree"): NCCL's NVLS algorithms reduce inside the node, cross nodes
+  per slice (ring or tree) and broadcast inside the node. The schedule IR has no in-switch
+  multicast/reduction, so these are point-to-point emulations (intra-node ring reduce-scatter,
+  inter-node ring or tree allreduce per slice among same-local-index GPUs, intra-node ring
+  allgather); their simulated time is an upper estimate of real NVLS.
+
+In flight per connection: NCCL's Simple buffer holds NCCL_STEPS = 8 steps and a ring chunk is
+CHUNKSTEPS = NCCL_STEPS/2 of them (src/include/collectives.h), so at most 2 chunks per connection
+(src, dst, channel) are in flight. Chains (broadcast, trees, the hierarchical variants) model this:
+transfer k on a connection waits for transfer k-2 (`in_flight`), since without it the simulator's
+fair sharing would run every queued chunk of a link at once and the chain would lose its
+pipelining. Rings and alltoall default to no window: every link of a ring is busy at every step
+anyway, so the window would only serialize per-transfer latency the real pipeline hides.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from ..api.cluster import ClusterTopology, DeviceKind, LinkKind
+from ..api.common import Collective
+from .cost import NCCL_STEPS
+from .ir import Schedule, ScheduleArrays
+
+IN_FLIGHT = NCCL_STEPS // (NCCL_STEPS // 2)  # chunks in flight per connection (see above)
+
+
+class BaselineError(ValueError):
+    """The algorithm does not exist for the collective, or the parameters are out of range."""
+
+
+# Algorithms each collective supports here (NCCL's names; "direct" = p2p alltoall).
+SUPPORTED: dict[Collective, tuple[str, ...]] = {
+    Collective.ALLREDUCE: ("ring", "tree", "nvls", "nvls_tree"),
+    Collective.ALLGATHER: ("ring",),
+    Collective.REDUCESCATTER: ("ring",),
+    Collective.BROADCAST: ("ring", "tree"),
+    Collective.ALLTOALL: ("direct",),
+}
+
+
+class _Builder:
+    """Accumulates transfers as flat lists, adding NCCL's per-connection slot dependencies."""
+
+    def __init__(self, window: int = IN_FLIGHT) -> None:
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.chunk: list[int] = []
+        self.count: list[int] = []
+        self.reduce: list[bool] = []
+        self.channel: list[int] = []
+        self.dep_ptr: list[int] = [0]
+        self.dep_idx: list[int] = []
+        self.window = window
+        self._conn: dict[tuple[int, int, int], deque[int]] = {}
+
+    def add(
+        self,
+        src: int,
+        dst: int,
+        chunk: int,
+        deps: Iterable[int] = (),
+        *,
+        reduce: bool = False,
+        channel: int = 0,
+        count: int = 1,
+    ) -> int:
+        i = len(self.src)
+        self.src.append(src)
+        self.dst.append(dst)
+        self.chunk.append(chunk)
+        self.count.append(count)
+        self.reduce.append(reduce)
+        self.channel.append(channel)
+        self.dep_idx.extend(d for d in deps if d >= 0)
+        if self.window:
+            q = self._conn.get((src, dst, channel))
+            if q is None:
+                q = self._conn[(src, dst, channel)] = deque(maxlen=self.window)
+            if len(q) == self.window:
+                self.dep_idx.append(q[0])
+            q.append(i)
+        self.dep_ptr.append(len(self.dep_idx))
+        return i
+
+    def arrays(
+        self, name: str, collective: Collective, nranks: int, chunks_per_rank: int, *,
+        root: int = 0, channels: int = 1,
+    ) -> ScheduleArrays:  # fmt: skip
+        return ScheduleArrays(
+            name=name,
+            collective=collective,
+            nranks=nranks,
+            chunks_per_rank=chunks_per_rank,
+            src=np.asarray(self.src, dtype=np.int32),
+            dst=np.asarray(self.dst, dtype=np.int32),
+            chunk=np.asarray(self.chunk, dtype=np.int64),
+            count=np.asarray(self.count, dtype=np.int32),
+            reduce=np.asarray(self.reduce, dtype=bool),
+            channel=np.asarray(self.channel, dtype=np.int32),
+            dep_ptr=np.asarray(self.dep_ptr, dtype=np.int64),
+            dep_idx=np.asarray(self.dep_idx, dtype=np.int64),
+            root=root,
+            channels=channels,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Orders: NVLink order inside a node, rings and chains per channel.
+
+
+def _direct_gpu_links(topo: ClusterTopology, node: int) -> dict[int, dict[int, float]]:
+    """Local GPU -> {local GPU: bandwidth} over direct NVLink/xGMI links inside `node`."""
+    gpn = topo.gpus_per_node
+    local = {topo.gpu_id(node * gpn + i): i for i in range(gpn)}
+    adj: dict[int, dict[int, float]] = {i: {} for i in range(gpn)}
+    for link in topo.links:
+        if link.kind not in (LinkKind.NVLINK, LinkKind.XGMI):
+            continue
+        a, b = local.get(link.a), local.get(link.b)
+        if a is None or b is None or a == b:
+            continue
+        adj[a][b] = adj[a].get(b, 0.0) + link.bandwidth_gbps
+        adj[b][a] = adj[b].get(a, 0.0) + link.bandwidth_gbps
+    return adj
+
+
+def nvlink_order(topo: ClusterTopology) -> list[int]:
+    """Local GPU indices in the order NCCL's intra-node ring visits them.
+
+    With direct GPU-GPU links (no NVSwitch), NCCL's search follows the links: we take a
+    Hamiltonian cycle (else path) over the widest links, starting at GPU 0. With an NVSwitch, PCIe
+    only, or all GPUs connected to each other, every order is equal and NCCL keeps index order.
+    """
+    gpn = topo.gpus_per_node
+    adj = _direct_gpu_links(topo, 0)
+    degrees = [len(adj[i]) for i in range(gpn)]
+    if gpn <= 2 or not any(degrees) or all(d == gpn - 1 for d in degrees):
+        return list(range(gpn))
+    for want_cycle in (True, False):
+        found = _hamiltonian(adj, gpn, cycle=want_cycle)
+        if found is not None:
+            return found
+    return list(range(gpn))
+
+
+def _hamiltonian(adj: dict[int, dict[int, float]], n: int, *, cycle: bool) -> list[int] | None:
+    budget = [20_000]  # bounded search: NCCL's own search gives up on a timeout too
+
+    def extend(path: list[int], seen: set[int]) -> list[int] | None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
+        if len(path) == n:
+            return path if (not cycle or path[0] in adj[path[-1]]) else None
+        last = path[-1]
+        for nxt in sorted(adj[last], key=lambda v: (-adj[last][v], v)):
+            if nxt in seen:
+                continue
+            seen.add(nxt)
+            path.append(nxt)
+            got = extend(path, seen)
+            if got is not None:
+                return got
+            path.pop()
+            seen.discard(nxt)
+        return None
+
+    return extend([0], {0})
+
+
+def channel_offset(channel: int, channels: int, gpn: int) -> int:
+    """Rotation of the intra-node order on `channel`: spreads exits over the node's GPUs/NICs."""
+    return (channel * gpn // max(channels, 1) + (channel // max(channels, 1))) % gpn if gpn else 0
+
+
+def node_chain(topo: ClusterTopology, node: int, channel: int, channels: int,
+               order: Sequence[int] | None = None) -> list[int]:  # fmt: skip
+    """Global ranks of `node` in the channel's intra-node order (the tree's chain, head first)."""
+    gpn = topo.gpus_per_node
+    order = list(order) if order is not None else nvlink_order(topo)
+    off = channel_offset(channel, channels, gpn)
+    return [node * gpn + order[(i + off) % gpn] for i in range(gpn)]
+
+
+def ring_order(topo: ClusterTopology, channel: int = 0, channels: int = 1) -> list[int]:
+    """Global ranks in the order of the channel's ring (NCCL ring over nodes in node order)."""
+    order = nvlink_order(topo)
+    out: list[int] = []
+    for node in range(topo.node_count):
+        out.extend(node_chain(topo, node, channel, channels, order))
+    return out
+
+
+def btree(n: int, rank: int) -> tuple[int, list[int]]:
+    """NCCL's binary tree over `n` nodes (trees.cc ncclGetBtree): (parent or -1, children).
+
+    Node r's lowest set bit b fixes its level: its parent is (r ^ b) | 2b (or r ^ b when that is
+    out of range) and its children are r - b/2 and r + b/2 (halving the step until in range).
+    Node 0 is the root and has the single child p/2, p the smallest power of two >= n.
+    """
+    if n <= 1:
+        return -1, []
+    bit = 1
+    while bit < n and not (bit & rank):
+        bit <<= 1
+    if rank == 0:
+        return -1, [bit >> 1]
+    up = (rank ^ bit) | (bit << 1)
+    if up >= n:
+        up = rank ^ bit
+    low = bit >> 1
+    children: list[int] = []
+    if low:
+        children.append(rank - low)
+        down1 = rank + low
+        while low and down1 >= n:
+            low >>= 1
+            down1 = rank + low
+        if low:
+            children.append(down1)
+    return up, children
+
+
+def dtree(n: int, rank: int, tree: int) -> tuple[int, list[int]]:
+    """NCCL's double binary tree: tree 0 is btree; tree 1 mirrors it (n even) or shifts it by
+    one (n odd), so that nodes interior in one tree are leaves in the other."""
+    if tree == 0:
+        return btree(n, rank)
+    if n % 2 == 1:
+        parent, children = btree(n, (rank - 1) % n)
+        return (-1 if parent < 0 else (parent + 1) % n), [(c + 1) % n for c in children]
+    parent, children = btree(n, n - 1 - rank)
+    return (-1 if parent < 0 else n - 1 - parent), [n - 1 - c for c in children]
+
+
+def dtree_root(n: int, tree: int) -> int:
+    return next(r for r in range(n) if dtree(n, r, tree)[0] < 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Builders.
+
+
+def _check_params(chunks: int, channels: int) -> None:
+    if chunks < 1:
+        raise BaselineError(f"chunks must be >= 1, got {chunks}")
+    if channels < 1:
+        raise BaselineError(f"channels must be >= 1, got {channels}")
+
+
+def ring_allgather(
+    topo: ClusterTopology, *, chunks: int = 1, channels: int = 1, in_flight: int = 0
+) -> ScheduleArrays:
+    """NCCL ring allgather: each rank's chunk travels N-1 hops around its channel's ring."""
+    _check_params(chunks, channels)
+    n = topo.world_size
+    c_per_rank = chunks * channels
+    rings = [ring_order(topo, c, channels) for c in range(channels)]
+    pos = [{r: i for i, r in enumerate(ring)} for ring in rings]
+    b = _Builder(in_flight)
+    for j in range(c_per_rank):
+        ch = j % channels
+        ring, p = rings[ch], pos[ch]
+        prev = {o: -1 for o in range(n)}
+        for h in range(1, n):
+            for o in range(n):
+                po = p[o]
+                prev[o] = b.add(ring[(po + h - 1) % n], ring[(po + h) % n], o * c_per_rank + j,
+                                (prev[o],), channel=ch)  # fmt: skip
+    return b.arrays(f"nccl-ring-allgather-{channels}ch-{chunks}c", Collective.ALLGATHER, n,
+                    c_per_rank, channels=channels)  # fmt: skip
+
+
+def ring_reducescatter(
+    topo: ClusterTopology, *, chunks: int = 1, channels: int = 1, in_flight: int = 0
+) -> ScheduleArrays:
+    """NCCL ring reduce-scatter: each output chunk is reduced along N-1 hops ending at its owner."""
+    _check_params(chunks, channels)
+    n = topo.world_size
+    c_per_rank = chunks * channels
+    rings = [ring_order(topo, c, channels) for c in range(channels)]
+    pos = [{r: i for i, r in enumerate(ring)} for ring in rings]
+    b = _Builder(in_flight)
+    for j in range(c_per_rank):
+        ch = j % channels
+        ring, p = rings[ch], pos[ch]
+        prev = {o: -1 for o in range(n)}
+        for h in range(1, n):
+            for o in range(n):
+                po = p[o]
+                prev[o] = b.add(ring[(po + h) % n], ring[(po + h + 1) % n], o * c_per_rank + j,
+                                (prev[o],), reduce=True, channel=ch)  # fmt: skip
+    return b.arrays(f"nccl-ring-reducescatter-{channels}ch-{chunks}c", Collective.REDUCESCATTER,
+                    n, c_per_rank, channels=channels)  # fmt: skip
+
+
+def ring_allreduce(
+    topo: ClusterTopology, *, chunks: int = 1, channels: int = 1, in_flight: int = 0
+) -> ScheduleArrays:
+    """NCCL ring allreduce: per loop, N segments reduce-scattered then all-gathered on the ring.
+
+    Chunk space: chunks * channels loops of N segments each (chunks_per_rank = N*chunks*channels).
+    """
+    _check_params(chunks, channels)
+    n = topo.world_size
+    loops = chunks * channels
+    rings = [ring_order(topo, c, channels) for c in range(channels)]
+    b = _Builder(in_flight)
+    for u in range(loops):
+        ch = u % channels
+        ring = rings[ch]
+        prev = [-1] * n
+        for h in range(1, n):  # reduce-scatter: segment s ends reduced on ring[s]
+            for s in range(n):
+                prev[s] = b.add(ring[(s + h) % n], ring[(s + h + 1) % n], u * n + s, (prev[s],),
+                                reduce=True, channel=ch)  # fmt: skip
+        for h in range(1, n):  # allgather from ring[s]
+            for s in range(n):
+                prev[s] = b.add(ring[(s + h - 1) % n], ring[(s + h) % n], u * n + s, (prev[s],),
+                                channel=ch)  # fmt: skip
+    return b.arrays(f"nccl-ring-allreduce-{channels}ch-{chunks}c", Collective.ALLREDUCE, n,
+                    n * loops, channels=channels)  # fmt: skip
+
+
+def ring_broadcast(
+    topo: ClusterTopology,
+    *,
+    root: int = 0,
+    chunks: int = 1,
+    channels: int = 1,
+    in_flight: int = IN_FLIGHT,
+) -> ScheduleArrays:
+    """NCCL ring broadcast: a pipelined chain from the root along each channel's ring."""
+    _check_params(chunks, channels)
+    n = topo.world_size
+    _check_root(root, n)
+    c_total = chunks * channels
+    rings = [ring_order(topo, c, channels) for c in range(channels)]
+    b = _Builder(in_flight)
+    for j in range(c_total):
+        ch = j % channels
+        ring = rings[ch]
+        p = ring.index(root)
+        prev = -1
+        for h in range(1, n):
+            prev = b.add(ring[(p + h - 1) % n], ring[(p + h) % n], j, (prev,), channel=ch)
+    return b.arrays(f"nccl-ring-broadcast-{channels}ch-{chunks}c", Collective.BROADCAST, n,
+                    c_total, root=root, channels=channels)  # fmt: skip
+
+
+def direct_alltoall(
+    topo: ClusterTopology, *, chunks: int = 1, channels: int = 1, in_flight: int = 0
+) -> ScheduleArrays:
+    """NCCL alltoall: every rank sends its block for peer d straight to d (rank+i order)."""
+    _check_params(chunks, channels)
+    n = topo.world_size
+    c = chunks * channels
+    b = _Builder(in_flight)
+    for j in range(c):
+        ch = j % channels
+        for i in range(1, n):
+            for s in range(n):
+                d = (s + i) % n
+                b.add(s, d, (s * n + d) * c + j, channel=ch)
+    return b.arrays(f"nccl-direct-alltoall-{channels}ch-{chunks}c", Collective.ALLTOALL, n, c,
+                    channels=channels)  # fmt: skip
+
+
+def _check_root(root: int, n: int) -> None:
+    if not 0 <= root < n:
+        raise BaselineError(f"root {root} is not a rank (0..{n - 1})")
+
+
+def _tree_reduce_bcast(
+    b: _Builder,
+    chains: list[list[int]],
+    tree: int,
+    chunk: int,
+    channel: int,
+    *,
+    count: int = 1,
+    reduce_up: bool = True,
+    root_node: int | None = None,
+) -> None:
+    """Reduce up (optional) then broadcast down one chunk over node chains + a node tree.
+
+    chains[v] is node v's chain, head first. With `root_node`, the node tree is relabeled so
+    that node sits at the tree's root (broadcast).
+    """
+    nn = len(chains)
+    shift = 0 if root_node is None else (root_node - dtree_root(nn, tree)) % nn
+
+    def parent_children(v: int) -> tuple[int, list[int]]:
+        par, kids = dtree(nn, (v - shift) % nn, tree)
+        return (-1 if par < 0 else (par + shift) % nn), [(k + shift) % nn for k in kids]
+
+    rels = [parent_children(v) for v in range(nn)]
+    root = next(v for v in range(nn) if rels[v][0] < 0)
+    order = [root]  # breadth-first from the root: parents before children
+    for v in order:
+        order.extend(rels[v][1])
+    # Writes into one buffer must be ordered (ir.py/check.py): each reduce into a head waits for
+    # the previous one, so last_into[v] alone stands for "head v holds its subtree's sum".
+    last_into = [-1] * nn
+    if reduce_up:
+        for v in range(nn):
+            chain, prev = chains[v], -1
+            for k in range(len(chain) - 1, 0, -1):
+                prev = b.add(chain[k], chain[k - 1], chunk, (prev,), reduce=True, channel=channel,
+                             count=count)  # fmt: skip
+            last_into[v] = prev
+        for v in reversed(order):
+            par = rels[v][0]
+            if par >= 0:
+                last_into[par] = b.add(chains[v][0], chains[par][0], chunk,
+                                       (last_into[v], last_into[par]), reduce=True,
+                                       channel=channel, count=count)  # fmt: skip
+    have: dict[int, list[int]] = {root: [last_into[root]]}  # deps for "head holds the result"
+    for v in order:
+        deps = have[v]
+        for kid in rels[v][1]:
+            have[kid] = [b.add(chains[v][0], chains[kid][0], chunk, deps, channel=channel,
+                               count=count)]  # fmt: skip
+        chain, prev_deps = chains[v], deps
+        for k in range(1, len(chain)):
+            prev_deps = [b.add(chain[k - 1], chain[k], chunk, prev_deps, channel=channel,
+                               count=count)]  # fmt: skip
+
+
+def tree_allreduce(
+    topo: ClusterTopology, *, chunks: int = 1, channels: int = 1, in_flight: int = IN_FLIGHT
+) -> ScheduleArrays:
+    """NCCL double-binary-tree allreduce: chain in each node, binary tree over nodes, up then down."""
+    _check_params(chunks, channels)
+    n = topo.world_size
+    c_total = chunks * channels
+    order = nvlink_order(topo)
+    chains = [[node_chain(topo, v, ch, channels, order) for v in range(topo.node_count)]
+              for ch in range(channels)]  # fmt: skip
+    b = _Builder(in_flight)
+    for j in range(c_total):
+        ch = j % channels
+        _tree_reduce_bcast(b, chains[ch], ch % 2, j, ch)
+    return b.arrays(f"nccl-tree-allreduce-{channels}ch-{chunks}c", Collective.ALLREDUCE, n,
+                    c_total, channels=channels)  # fmt: skip
+
+
+def tree_broadcast(
+    topo: ClusterTopology,
+    *,
+    root: int = 0,
+    chunks: int = 1,
+    channels: int = 1,
+    in_flight: int = IN_FLIGHT,
+) -> ScheduleArrays:
+    """Broadcast down a double binary tree rooted at the root's node (chains start at root)."""
+    _check_params(chunks, channels)
+    n = topo.world_size
+    _check_root(root, n)
+    gpn = topo.gpus_per_node
+    root_node = root // gpn
+    c_total = chunks * channels
+    order = nvlink_order(topo)
+    b = _Builder(in_flight)
+    for j in range(c_total):
+        ch = j % channels
+        chains = [node_chain(topo, v, ch, channels, order) for v in range(topo.node_count)]
+        rc = chains[root_node]
+        k = rc.index(root)
+        chains[root_node] = rc[k:] + rc[:k]
+        _tree_reduce_bcast(b, chains, ch % 2, j, ch, reduce_up=False, root_node=root_node)
+    return b.arrays(f"nccl-tree-broadcast-{channels}ch-{chunks}c", Collective.BROADCAST, n,
+                    c_total, root=root, channels=channels)  # fmt: skip
+
+
+def hierarchical_allreduce(
+    topo: ClusterTopology,
+    *,
+    inter: str = "ring",
+    chunks: int = 1,
+    channels: int = 1,
+    in_flight: int = IN_FLIGHT,
+) -> ScheduleArrays:
+    """Intra-node ring reduce-scatter, inter-node allreduce per slice, intra-node ring allgather.
+
+    The point-to-point shape of NCCL's NVLS (inter="ring") and NVLS_TREE (inter="tree").
+    Chunk space: loops of N chunks; chunk u*N + s*nodes + m is sub-slice m of local slice s.
+    """
+    _check_params(chunks, channels)
+    if inter not in ("ring", "tree"):
+        raise BaselineError(f"inter must be 'ring' or 'tree', got {inter!r}")
+    n, gpn, nn = topo.world_size, topo.gpus_per_node, topo.node_count
+    loops = chunks * channels
+    order = nvlink_order(topo)
+    b = _Builder(in_flight)
+    for u in range(loops):
+        ch = u % channels
+        chains = [node_chain(topo, v, ch, channels, order) for v in range(nn)]
+        base = u * n
+        # 1. intra-node reduce-scatter of slice s (nn consecutive chunks) onto chains[v][s].
+        rs_last: dict[tuple[int, int], int] = {}
+        for v in range(nn):
+            ring = chains[v]
+            prev = [-1] * gpn
+            for h in range(1, gpn):
+                for s in range(gpn):
+                    prev[s] = b.add(ring[(s + h) % gpn], ring[(s + h + 1) % gpn],
+                                    base + s * nn, (prev[s],), reduce=True, channel=ch,
+                                    count=nn)  # fmt: skip
+            for s in range(gpn):
+                rs_last[(v, s)] = prev[s]
+        # 2. inter-node allreduce of slice s among the nodes' slice owners.
+        done: dict[tuple[int, int], list[int]] = {}  # (node, slice) -> deps for "owner has sum"
+        for s in range(gpn):
+            owners = [chains[v][s] for v in range(nn)]
+            local = [rs_last[(v, s)] for v in range(nn)]
+            if nn == 1:
+                done[(0, s)] = [local[0]]
+            elif inter == "ring":
+                done.update(_inter_ring(b, owners, local, s, base + s * nn, ch))
+            else:
+                have = _inter_tree(b, owners, local, ch % 2, base + s * nn, ch, nn)
+                done.update({(v, s): have[v] for v in range(nn)})
+        # 3. intra-node allgather of slice s from chains[v][s].
+        for v in range(nn):
+            ring = chains[v]
+            prev_deps = {s: done[(v, s)] for s in range(gpn)}
+            for h in range(1, gpn):
+                for s in range(gpn):
+                    prev_deps[s] = [
+                        b.add(
+                            ring[(s + h - 1) % gpn],
+                            ring[(s + h) % gpn],
+                            base + s * nn,
+                            prev_deps[s],
+                            channel=ch,
+                            count=nn,
+                        )
+                    ]
+    name = "nvls" if inter == "ring" else "nvls_tree"
+    return b.arrays(f"nccl-{name}-p2p-allreduce-{channels}ch-{chunks}c", Collective.ALLREDUCE, n,
+                    n * loops, channels=channels)  # fmt: skip
+
+
+def _inter_ring(
+    b: _Builder, owners: list[int], local: list[int], s: int, chunk0: int, ch: int
+) -> dict[tuple[int, int], list[int]]:
+    """Ring allreduce of one slice (nn sub-slices from chunk0) among per-node owners.
+
+    local[v] completes owner v's node-local sum; a rank forwards only after it.
+    """
+    nn = len(owners)
+    last = [-1] * nn
+    for h in range(1, nn):  # reduce-scatter: sub-slice m ends on owners[m]
+        for m in range(nn):
+            src, dst = (m + h) % nn, (m + h + 1) % nn
+            last[m] = b.add(
+                owners[src],
+                owners[dst],
+                chunk0 + m,
+                (last[m], local[src], local[dst]),
+                reduce=True,
+                channel=ch,
+            )
+    done = {(v, s): [last[v], local[v]] for v in range(nn)}
+    prev = [[last[m], local[m]] for m in range(nn)]
+    for h in range(1, nn):  # allgather from owners[m]
+        for m in range(nn):
+            src, dst = (m + h - 1) % nn, (m + h) % nn
+            t = b.add(owners[src], owners[dst], chunk0 + m, prev[m], channel=ch)
+            prev[m] = [t]
+            done[(dst, s)].append(t)
+    return done
+
+
+def _inter_tree(
+    b: _Builder, owners: list[int], local: list[int], tree: int, chunk: int, ch: int, count: int
+) -> dict[int, list[int]]:
+    """Double-binary-tree allreduce of one slice among per-node owners; returns, per node, the
+    transfers after which its owner holds the result."""
+    nn = len(owners)
+    rels = [dtree(nn, v, tree) for v in range(nn)]
+    root = next(v for v in range(nn) if rels[v][0] < 0)
+    order = [root]
+    for v in order:
+        order.extend(rels[v][1])
+    last_into = list(local)  # serialized writes into each owner, as in _tree_reduce_bcast
+    for v in reversed(order):
+        par = rels[v][0]
+        if par >= 0:
+            last_into[par] = b.add(owners[v], owners[par], chunk, (last_into[v], last_into[par]),
+                                   reduce=True, channel=ch, count=count)  # fmt: skip
+    have = {root: [last_into[root]]}
+    for v in order:
+        for kid in rels[v][1]:
+            have[kid] = [b.add(owners[v], owners[kid], chunk, have[v], channel=ch, count=count)]
+    return have
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point.
+
+
+def _window(in_flight: int | None) -> dict[str, int]:
+    if in_flight is None:
+        return {}
+    if in_flight < 0:
+        raise BaselineError(f"in_flight must be >= 0, got {in_flight}")
+    return {"in_flight": in_flight}
+
+
+def nccl_schedule_arrays(
+    collective: Collective | str,
+    algorithm: str,
+    topo: ClusterTopology,
+    *,
+    chunks: int = 1,
+    channels: int = 1,
+    root: int = 0,
+    in_flight: int | None = None,
+) -> ScheduleArrays:
+    """NCCL's `algorithm` for `collective` on `topo`, as flat arrays (large clusters)."""
+    coll = Collective(collective)
+    algo = algorithm.lower()
+    if coll == Collective.ALLTOALL and algo in ("ring", "p2p"):
+        algo = "direct"  # NCCL has no ring alltoall: it is always grouped send/recv
+    allowed = SUPPORTED[coll]
+    if algo not in allowed:
+        raise BaselineError(
+            f"algorithm {algorithm!r} is not available for {coll.value} (use {', '.join(allowed)})"
+        )
+    if coll == Collective.ALLREDUCE:
+        if algo == "ring":
+            return ring_allreduce(topo, chunks=chunks, channels=channels, **_window(in_flight))
+        if algo == "tree":
+            return tree_allreduce(topo, chunks=chunks, channels=channels, **_window(in_flight))
+        inter = "ring" if algo == "nvls" else "tree"
+        return hierarchical_allreduce(
+            topo, inter=inter, chunks=chunks, channels=channels, **_window(in_flight)
+        )
+    if coll == Collective.ALLGATHER:
+        return ring_allgather(topo, chunks=chunks, channels=channels, **_window(in_flight))
+    if coll == Collective.REDUCESCATTER:
+        return ring_reducescatter(topo, chunks=chunks, channels=channels, **_window(in_flight))
+    if coll == Collective.BROADCAST:
+        if algo == "ring":
+            return ring_broadcast(
+                topo, root=root, chunks=chunks, channels=channels, **_window(in_flight)
+            )
+        return tree_broadcast(
+            topo, root=root, chunks=chunks, channels=channels, **_window(in_flight)
+        )
+    return direct_alltoall(topo, chunks=chunks, channels=channels, **_window(in_flight))
+
+
+def nccl_schedule(
+    collective: Collective | str,
+    algorithm: str,
+    topo: ClusterTopology,
+    *,
+    chunks: int = 1,
+    channels: int = 1,
+    root: int = 0,
+    in_flight: int | None = None,
+) -> Schedule:
+    """NCCL's `algorithm` ("ring", "tree", "direct", "nvls", "nvls_tree") as a Schedule.
+
+    `chunks` is the pipeline depth per channel; `channels` the number of NCCL channels;
+    `in_flight` the chunks a connection may have outstanding (0 = unlimited; None = the
+    algorithm's default, see the module docstring).
+    """
+    return nccl_schedule_arrays(
+        collective,
+        algorithm,
+        topo,
+        chunks=chunks,
+        channels=channels,
+        root=root,
+        in_flight=in_flight,
+    ).to_schedule()
+
+
+def has_nvswitch(topo: ClusterTopology) -> bool:
+    return any(d.kind == DeviceKind.NVSWITCH for d in topo.devices)

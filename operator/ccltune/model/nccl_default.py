@@ -1,0 +1,319 @@
+"""What NCCL picks on its own: algorithm, protocol and channels, from NCCL's tuning model.
+
+NCCL (v2.19, src/graph/tuning.cc ncclTopoTuneModel + ncclTopoGetAlgoTime, src/enqueue.cc
+getAlgoInfo) predicts, per (algorithm, protocol), time = latency + size / bandwidth and takes the
+minimum; then it trims channels and threads for small sizes. We rebuild its inputs from the
+ClusterTopology instead of from NCCL's topology search:
+
+- ring/tree graphs: per-channel speed = the highest entry of NCCL's speed array (search.cc, sm90
+  array on Hopper) that fits the GPU's ring bandwidth (sum of its NVLink/xGMI links, else its PCIe
+  link; across nodes also the node's NIC bandwidth per rail-ring), channels = bandwidth / speed
+  up to MAXCHANNELS/2, then NCCL's channel duplication when the speed is >= 25 GB/s.
+- bandwidth refinements, latencies, tree correction factors, ring plateau: tuning.cc verbatim.
+- LL128 is on by default only with NVLink inside the node, one GPU generation of Volta/Ampere/
+  Hopper, and across nodes a NIC under the GPU's PCIe switch (or Hopper with NVLink, PXN).
+- alltoall is not a tuned collective in NCCL (grouped send/recv): we report it as "p2p" with LL
+  below NCCL_P2P_LL_THRESHOLD (16 KiB per peer) and Simple above.
+
+Deviations (docs/cost-model.md): no NVLS/CollNet (their in-switch reductions are not in the IR);
+the speed/channel search is a closed form, not NCCL's backtracking search; AMD GPUs use NCCL's
+Ampere tables with LL128 off (RCCL has its own tuning); CPU vendor assumed Intel (net overhead).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..api.cluster import ClusterTopology, DeviceKind, LinkKind
+from ..api.common import Collective, Source
+from ..api.plan import Choice, Estimate
+from .baselines import nccl_schedule_arrays
+from .bounds import lower_bound
+from .busbw import algbw_gbps, busbw_gbps
+from .cost import (
+    LL_MAX_BW,
+    MAX_THREADS,
+    MAXCHANNELS,
+    PCI_BW,
+    PER_CH_MAX_RING_LL128_BW,
+    PER_CH_MAX_TREE_BW,
+    PER_CH_MAX_TREE_LL128_BW,
+    PROTOCOLS,
+    THREAD_THRESHOLD,
+    WARP_SIZE,
+    Arch,
+    arch_of,
+    comp_cap_of,
+    nccl_latency_us,
+    nodes_class,
+    protocol_cost,
+    speed_arrays,
+    tree_correction,
+)
+from .routing import Router
+from .simulate import simulate
+
+P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD default, bytes per peer
+
+
+@dataclass(frozen=True, slots=True)
+class NcclGraph:
+    """What NCCL's topology search would report for this cluster (our closed-form model)."""
+
+    arch: Arch | None
+    comp_cap: int | None
+    intra_kind: LinkKind  # NVLINK (incl. xGMI) or PCIE
+    ring_bw_gbps: float  # per-GPU bandwidth a ring can use
+    speed_gbps: float  # per-channel bandwidth (bwIntra = bwInter)
+    channels: int
+    ll128_ok: bool
+    nranks: int
+    nnodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class NcclDefault:
+    choice: Choice
+    predicted_time_us: float  # NCCL's own model (its formula), not simulated
+    table: dict[str, float] = field(default_factory=dict)  # "algo/proto" -> predicted us
+
+
+def _gpu_links(topo: ClusterTopology, rank: int) -> list[tuple[str, LinkKind, float]]:
+    gid = topo.gpu_id(rank)
+    out = []
+    for link in topo.links:
+        if gid in (link.a, link.b):
+            other = link.b if link.a == gid else link.a
+            out.append((other, LinkKind(link.kind), link.bandwidth_gbps))
+    return out
+
+
+def nccl_graph(topo: ClusterTopology) -> NcclGraph:
+    """Closed-form stand-in for NCCL's ring/tree search on `topo`."""
+    arch = arch_of(topo.gpu_model)
+    cc = comp_cap_of(topo.gpu_model)
+    gpn, nn = topo.gpus_per_node, topo.node_count
+    links = _gpu_links(topo, 0)
+    fast = [bw for _, kind, bw in links if kind in (LinkKind.NVLINK, LinkKind.XGMI)]
+    pcie = [bw for _, kind, bw in links if kind == LinkKind.PCIE]
+    if fast and gpn > 1:
+        intra_kind, ring_bw = LinkKind.NVLINK, sum(fast)
+    else:
+        intra_kind, ring_bw = LinkKind.PCIE, (max(pcie) if pcie else PCI_BW)
+    if nn > 1:
+        ring_bw = min(ring_bw, _node_nic_bw(topo))
+    intra_arr, inter_arr = speed_arrays(arch)
+    arr = intra_arr if nn == 1 else inter_arr
+    speed = next((s for s in arr if s <= ring_bw), arr[-1])
+    channels = max(1, min(MAXCHANNELS // 2, int(ring_bw // speed)))
+    if speed >= 25.0:  # search.cc ncclTopoDupChannels: duplicate fast channels, halve their speed
+        channels, speed = min(2 * channels, MAXCHANNELS), speed / 2
+    ll128 = intra_kind == LinkKind.NVLINK and arch is not None
+    if nn > 1 and ll128:
+        ll128 = arch == Arch.HOPPER or _nic_near_gpu(topo)
+    return NcclGraph(arch, cc, intra_kind, ring_bw, speed, channels, ll128, topo.world_size, nn)
+
+
+def _node_nic_bw(topo: ClusterTopology) -> float:
+    """Network bandwidth out of node 0 (sum of its NICs' links to the fabric), GB/s."""
+    node = topo.nodes[0].name
+    nics = {d.id for d in topo.devices if d.kind == DeviceKind.NIC and d.node == node}
+    total = 0.0
+    for link in topo.links:
+        if link.kind != LinkKind.NET:
+            continue
+        if (link.a in nics) != (link.b in nics):
+            total += link.bandwidth_gbps
+    return total if total > 0 else float("inf")
+
+
+def _nic_near_gpu(topo: ClusterTopology) -> bool:
+    """Does some GPU of node 0 share a PCIe switch with a NIC (NCCL's PATH_PXB)?"""
+    kinds = {d.id: d.kind for d in topo.devices}
+    node = topo.nodes[0].name
+    nbrs: dict[str, set[str]] = {}
+    for link in topo.links:
+        nbrs.setdefault(link.a, set()).add(link.b)
+        nbrs.setdefault(link.b, set()).add(link.a)
+    for d in topo.devices:
+        if d.kind != DeviceKind.PCIE_SWITCH or d.node != node:
+            continue
+        around = {kinds.get(x) for x in nbrs.get(d.id, set())}
+        if DeviceKind.GPU in around and DeviceKind.NIC in around:
+            return True
+    return False
+
+
+def allowed_algorithms(collective: Collective) -> tuple[str, ...]:
+    """Algorithms NCCL 2.19 considers per collective (without NVLS/CollNet)."""
+    return ("tree", "ring") if collective == Collective.ALLREDUCE else ("ring",)
+
+
+def _bandwidth(g: NcclGraph, coll: Collective, algo: str, proto: str) -> float:
+    """NCCL's algorithm bandwidth (GB/s) for (algo, proto): tuning.cc refinements verbatim."""
+    n, nn = g.nranks, g.nnodes
+    ci = nodes_class(nn)
+    arch = g.arch or Arch.AMPERE
+    ppn = n / nn
+    bus = g.channels * g.speed_gbps
+    ll_max = LL_MAX_BW[arch.value][ci]
+    if algo == "ring":
+        if proto == "LL":
+            factor = 1 / 4 if (nn > 1 or coll == Collective.ALLREDUCE) else 1 / 3
+            bus = min(ll_max, bus * factor)
+        elif proto == "LL128":
+            bus = min(
+                bus * (0.7 if ppn < 2 else 0.92), g.channels * PER_CH_MAX_RING_LL128_BW[arch][ci]
+            )
+        nsteps = (
+            2 * (n - 1)
+            if coll == Collective.ALLREDUCE
+            else (n - 1 if coll in (Collective.ALLGATHER, Collective.REDUCESCATTER) else n)
+        )
+        return bus * n / nsteps
+    # tree
+    bus = min(bus * 0.92, g.channels * PER_CH_MAX_TREE_BW[arch][ci])
+    if proto == "LL":
+        bus = min(bus / 3.8, ll_max)
+    elif proto == "LL128":
+        bus = min(bus * (7 / 9 if nn == 1 else 120 / 128),
+                  g.channels * PER_CH_MAX_TREE_LL128_BW[arch][ci])  # fmt: skip
+    return bus * 0.5
+
+
+def nccl_default(
+    collective: Collective | str, size_bytes: int, topo: ClusterTopology
+) -> NcclDefault:
+    """NCCL's default choice for one call of `collective` moving `size_bytes` on `topo`."""
+    coll = Collective(collective)
+    if size_bytes <= 0:
+        raise ValueError(f"size must be positive, got {size_bytes} bytes")
+    g = nccl_graph(topo)
+    if coll == Collective.ALLTOALL:
+        per_peer = size_bytes / max(g.nranks, 1)
+        proto = "LL" if per_peer <= P2P_LL_THRESHOLD else "Simple"
+        return NcclDefault(Choice(kind="nccl", algorithm="p2p", protocol=proto), 0.0, {})
+    table: dict[str, float] = {}
+    best: tuple[float, str, str] | None = None
+    for algo in allowed_algorithms(coll):
+        for proto in PROTOCOLS:
+            if proto == "LL128" and not g.ll128_ok:
+                continue
+            t = predicted_time_us(coll, algo, proto, size_bytes, g)
+            table[f"{algo}/{proto}"] = t
+            if best is None or t < best[0]:
+                best = (t, algo, proto)
+    assert best is not None
+    t, algo, proto = best
+    nc, nt = _channels_threads(g, algo, proto, size_bytes)
+    choice = Choice(kind="nccl", algorithm=algo, protocol=proto, channels=nc, threads=nt)
+    return NcclDefault(choice, t, table)
+
+
+def predicted_time_us(
+    coll: Collective, algo: str, proto: str, size_bytes: int, g: NcclGraph
+) -> float:
+    """ncclTopoGetAlgoTime: latency (with the ring plateau) + size / corrected bandwidth."""
+    bw = _bandwidth(g, coll, algo, proto)
+    if algo == "tree":
+        bw *= tree_correction(proto, size_bytes)
+    lat = nccl_latency_us(algo, proto, g.intra_kind, g.nranks, g.nnodes, collective=coll.value)
+    if (
+        algo == "ring" and proto == "Simple" and g.nnodes > 1 and coll == Collective.ALLREDUCE
+        and size_bytes / (g.channels * g.nranks) >= 64
+    ):  # fmt: skip
+        lat *= 1.9 if (g.comp_cap or 80) < 80 else 1.4  # NCCL: "plateau effect of ring"
+    return lat + size_bytes / (1000.0 * bw)
+
+
+def _channels_threads(g: NcclGraph, algo: str, proto: str, size_bytes: int) -> tuple[int, int]:
+    """enqueue.cc: drop channels, then halve threads, while the message is too small for them."""
+    nc = g.channels
+    if algo == "ring" and proto == "Simple":
+        nt = 256 if g.speed_gbps * g.channels <= PCI_BW else MAX_THREADS["Simple"]
+    else:
+        nt = MAX_THREADS[proto]
+    thr = THREAD_THRESHOLD[proto] * (g.nranks if (algo == "ring" and proto == "LL") else 1)
+    while size_bytes < nc * nt * thr:
+        if nc >= 2:
+            nc -= 1
+        elif nt % 128 == 0:
+            nt //= 2
+        else:
+            break
+    if proto == "Simple":
+        nt += WARP_SIZE * (4 if algo == "tree" else 1)
+    return nc, nt
+
+
+# Bytes per pipeline chunk NCCL moves per step (approximate; see docs/cost-model.md).
+_CHUNK_TARGET = {"Simple": 512 * 1024, "LL128": 576_000, "LL": 32 * 1024}
+_RING_CHUNK_STEPS = 4  # ALLREDUCE/ALLGATHER/REDUCESCATTER_CHUNKSTEPS for Simple
+
+
+def _per_unit_transfers(coll: Collective, algo: str, n: int) -> int:
+    if coll == Collective.ALLREDUCE:
+        return 2 * n * (n - 1) if algo == "ring" else 2 * max(n - 1, 1)
+    if coll == Collective.BROADCAST:
+        return max(n - 1, 1)
+    return n * max(n - 1, 1)
+
+
+def simulation_shape(
+    coll: Collective, algo: str, proto: str, size_bytes: int, channels: int, n: int,
+    max_transfers: int,
+) -> tuple[int, int]:  # fmt: skip
+    """(chunks per channel, channels) for simulating NCCL's pipeline within a transfer budget."""
+    target = _CHUNK_TARGET[proto]
+    if algo == "ring" and proto == "Simple" and coll != Collective.BROADCAST:
+        target *= _RING_CHUNK_STEPS
+    per_chunk = size_bytes / channels
+    if coll in (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLTOALL) or (
+        coll == Collective.ALLREDUCE and algo == "ring"
+    ):
+        per_chunk /= n
+    ideal = max(1, math.ceil(per_chunk / target))
+    units = max(1, max_transfers // _per_unit_transfers(coll, algo, n))
+    sim_channels = max(1, min(channels, units))
+    chunks = max(1, min(ideal, units // sim_channels))
+    return chunks, sim_channels
+
+
+def default_estimate(
+    collective: Collective | str,
+    size_bytes: int,
+    topo: ClusterTopology,
+    *,
+    router: Router | None = None,
+    max_transfers: int = 200_000,
+    with_bound: bool = True,
+) -> Estimate:
+    """Simulate NCCL's default choice (its baseline schedule, protocol and channels)."""
+    coll = Collective(collective)
+    d = nccl_default(coll, size_bytes, topo)
+    g = nccl_graph(topo)
+    algo = d.choice.algorithm or "ring"
+    proto = d.choice.protocol or "Simple"
+    sched_algo = "direct" if algo == "p2p" else algo
+    channels = d.choice.channels or g.channels
+    chunks, sim_channels = simulation_shape(
+        coll, sched_algo, proto, size_bytes, channels, topo.world_size, max_transfers
+    )
+    sched = nccl_schedule_arrays(coll, sched_algo, topo, chunks=chunks, channels=sim_channels)
+    cost = protocol_cost(proto, link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)
+    res = simulate(sched, topo, size_bytes, cost, router)
+    t = max(res.time_us, 1e-9)
+    bound_us = pct = None
+    if with_bound:
+        b = lower_bound(coll, size_bytes, topo, cost)
+        bound_us, pct = b.time_us, 100.0 * b.time_us / t
+    return Estimate(
+        size_bytes=size_bytes,
+        time_us=t,
+        algbw_gbps=algbw_gbps(size_bytes, t),
+        busbw_gbps=busbw_gbps(coll, topo.world_size, size_bytes, t),
+        source=Source.SIMULATED,
+        bound_us=bound_us,
+        pct_of_bound=pct,
+    )

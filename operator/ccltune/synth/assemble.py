@@ -1,0 +1,321 @@
+"""Assemble full schedules (model.ir) from sketches, their solved sub-demands and split ratios.
+
+One-to-all sketches become every collective (SyCCL §4.3): AllGather is N broadcasts, the sketch
+of rank 0 mapped to rank r by translating coordinates (an automorphism of the symmetric fabric);
+AlltoAll is N scatters mapped the same way; ReduceScatter runs AllGather backwards (every transfer
+reversed into a reduce); AllReduce is ReduceScatter followed by AllGather on the same chunks.
+Deps follow the data: a transfer waits only for the transfer that brought its chunk to the
+sender, so stages overlap across chunks wherever the data allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..api.cluster import Dimension
+from ..api.common import Collective
+from ..model.ir import ScheduleArrays
+from .group import GroupTopo
+from .milp import SubDemand, SubSchedule
+from .sketch import Sketch, Stage
+
+
+def stage_demand(dims: list[Dimension], stage: Stage, symmetric: bool, pieces: int) -> SubDemand:
+    """The sub-demand of one stage inside the group that holds the data, source at position 0."""
+    d = dims[stage.dim]
+    group = GroupTopo.of(d)
+    if stage.kind == "relay":
+        return SubDemand(group, (0,), (stage.offset,), symmetric, pieces)
+    return SubDemand(group, (0,), tuple(range(1, d.size)), symmetric, pieces)
+
+
+class Patterns:
+    """Solved sub-schedules by canonical key; `get` maps them onto an isomorphic demand."""
+
+    def __init__(self, solved: dict[tuple[object, ...], SubSchedule]) -> None:
+        self.solved = solved
+        self._mapped: dict[SubDemand, tuple[tuple[int, int, int, int], ...]] = {}
+
+    def sends(self, demand: SubDemand) -> tuple[tuple[int, int, int, int], ...]:
+        got = self._mapped.get(demand)
+        if got is None:
+            base = self.solved[demand.key()]
+            got = tuple(sorted(base.mapped(demand).sends))
+            self._mapped[demand] = got
+        return got
+
+
+class Builder:
+    """Accumulates transfers into flat lists (ScheduleArrays at the end)."""
+
+    def __init__(self) -> None:
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.chunk: list[int] = []
+        self.count: list[int] = []
+        self.reduce: list[bool] = []
+        self.channel: list[int] = []
+        self.deps: list[tuple[int, ...]] = []
+
+    def add(self, src: int, dst: int, chunk: int, deps: tuple[int, ...], count: int = 1,
+            channel: int = 0, reduce: bool = False) -> int:  # fmt: skip
+        self.src.append(src)
+        self.dst.append(dst)
+        self.chunk.append(chunk)
+        self.count.append(count)
+        self.reduce.append(reduce)
+        self.channel.append(channel)
+        self.deps.append(deps)
+        return len(self.src) - 1
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def arrays(self, name: str, coll: Collective, nranks: int, cpr: int, root: int = 0,
+               channels: int = 1) -> ScheduleArrays:  # fmt: skip
+        lens = np.fromiter((len(d) for d in self.deps), dtype=np.int64, count=len(self.deps))
+        ptr = np.zeros(len(self.deps) + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        idx = np.fromiter((x for d in self.deps for x in d), dtype=np.int64, count=int(ptr[-1]))
+        return ScheduleArrays(
+            name=name, collective=coll, nranks=nranks, chunks_per_rank=cpr,
+            src=np.asarray(self.src, dtype=np.int32), dst=np.asarray(self.dst, dtype=np.int32),
+            chunk=np.asarray(self.chunk, dtype=np.int64),
+            count=np.asarray(self.count, dtype=np.int32),
+            reduce=np.asarray(self.reduce, dtype=bool),
+            channel=np.asarray(self.channel, dtype=np.int32),
+            dep_ptr=ptr, dep_idx=idx, root=root, channels=channels,
+        )  # fmt: skip
+
+
+class Fabric:
+    """Coordinates of a symmetric cluster: rank <-> coords, innermost dimension first."""
+
+    def __init__(self, dims: list[Dimension]) -> None:
+        self.dims = dims
+        self.sizes = [d.size for d in dims]
+        self.strides = []
+        s = 1
+        for g in self.sizes:
+            self.strides.append(s)
+            s *= g
+        self.nranks = s
+
+    def coord(self, rank: int, d: int) -> int:
+        return (rank // self.strides[d]) % self.sizes[d]
+
+    def moved(self, rank: int, d: int, pos: int) -> int:
+        """`rank` with its coordinate along d set to `pos`."""
+        return rank + (pos - self.coord(rank, d)) * self.strides[d]
+
+    def shifted(self, rank: int, d: int, delta: int) -> int:
+        return self.moved(rank, d, (self.coord(rank, d) + delta) % self.sizes[d])
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One sketch (a specific copy) carrying `blocks` blocks of `pieces` chunks of each root."""
+
+    sketch: Sketch
+    blocks: int
+
+
+def broadcast_tree(
+    fab: Fabric, sketch: Sketch, patterns: Patterns, root: int, chunk_ids: Sequence[int],
+    b: Builder, *, symmetric: bool, channel: int = 0,
+) -> dict[tuple[int, int], int]:  # fmt: skip
+    """Transfers spreading `chunk_ids` (one per piece) from `root`; returns arrivals."""
+    pieces = len(chunk_ids)
+    arrival: dict[tuple[int, int], int] = {}
+    active = [root]
+    for stage in sketch.stages:
+        demand = stage_demand(fab.dims, stage, symmetric, pieces)
+        sends = patterns.sends(demand)
+        new_active: list[int] = []
+        for a in active:
+            for _, p, u, v in sends:
+                ru = fab.shifted(a, stage.dim, u)
+                rv = fab.shifted(a, stage.dim, v)
+                if rv == root or (rv, p) in arrival:
+                    continue  # already holds this piece (the root after a relay)
+                dep = arrival.get((ru, p))
+                if dep is None and ru != root:
+                    raise AssertionError(f"pattern sends piece {p} from rank {ru} before it holds it")
+                arrival[(rv, p)] = b.add(ru, rv, chunk_ids[p], () if dep is None else (dep,),
+                                         channel=channel)  # fmt: skip
+            if stage.kind == "relay":
+                new_active.append(fab.shifted(a, stage.dim, stage.offset))
+            else:
+                new_active.extend(fab.shifted(a, stage.dim, q) for q in range(fab.sizes[stage.dim]))
+        active = new_active
+    return arrival
+
+
+def _split(columns: list[Column], pieces: int) -> list[tuple[Sketch, int, int]]:
+    """(sketch, first chunk offset, pieces) per block, columns in order."""
+    out = []
+    off = 0
+    for col in columns:
+        for _ in range(col.blocks):
+            out.append((col.sketch, off, pieces))
+            off += pieces
+    return out
+
+
+def allgather(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int,
+              name: str) -> ScheduleArrays:  # fmt: skip
+    b = Builder()
+    blocks = _split(columns, pieces)
+    cpr = len(blocks) * pieces
+    for root in range(fab.nranks):
+        for ch, (sk, off, k) in enumerate(blocks):
+            ids = [root * cpr + off + p for p in range(k)]
+            broadcast_tree(fab, _translate(sk), patterns, root, ids, b, symmetric=True, channel=ch)
+    return b.arrays(name, Collective.ALLGATHER, fab.nranks, cpr, channels=len(blocks))
+
+
+def broadcast(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int, root: int,
+              name: str) -> ScheduleArrays:  # fmt: skip
+    b = Builder()
+    blocks = _split(columns, pieces)
+    for ch, (sk, off, k) in enumerate(blocks):
+        broadcast_tree(fab, sk, patterns, root, list(range(off, off + k)), b, symmetric=False,
+                       channel=ch)  # fmt: skip
+    return b.arrays(name, Collective.BROADCAST, fab.nranks, len(blocks) * pieces, root=root,
+                    channels=len(blocks))  # fmt: skip
+
+
+def _translate(sk: Sketch) -> Sketch:
+    return sk  # patterns are relative to the acting source, so translation is implicit
+
+
+def reverse(ag: ScheduleArrays, coll: Collective, name: str) -> ScheduleArrays:
+    """AllGather run backwards: each transfer reversed into a reduce, deps reversed.
+
+    Reduces into one (rank, chunk) are chained so that no two writes race (the checker demands
+    a dependency path between writes of one buffer).
+    """
+    n = len(ag)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    ptr, idx = ag.dep_ptr.tolist(), ag.dep_idx.tolist()
+    for i in range(n):
+        for d in idx[ptr[i] : ptr[i + 1]]:
+            succ[d].append(i)
+    # Reverse order: the reversed transfer i runs after the reversed children of i.
+    order = list(range(n - 1, -1, -1))
+    new_of = {old: pos for pos, old in enumerate(order)}
+    src, dst, chunk = ag.dst.tolist(), ag.src.tolist(), ag.chunk.tolist()
+    b = Builder()
+    last_into: dict[tuple[int, int], int] = {}
+    for old in order:
+        deps = {new_of[c] for c in succ[old]}
+        key = (dst[old], chunk[old])
+        prev = last_into.get(key)
+        if prev is not None:
+            deps.add(prev)
+        i = b.add(src[old], dst[old], chunk[old], tuple(sorted(deps)), int(ag.count[old]),
+                  int(ag.channel[old]), reduce=True)  # fmt: skip
+        last_into[key] = i
+    return b.arrays(name, coll, ag.nranks, ag.chunks_per_rank, channels=ag.channels)
+
+
+def allreduce(rs: ScheduleArrays, ag: ScheduleArrays, name: str) -> ScheduleArrays:
+    """ReduceScatter then AllGather on the same chunks; the owner's final reduces gate its sends."""
+    b = Builder()
+    ptr, idx = rs.dep_ptr.tolist(), rs.dep_idx.tolist()
+    final: dict[tuple[int, int], list[int]] = {}
+    for i in range(len(rs)):
+        b.add(int(rs.src[i]), int(rs.dst[i]), int(rs.chunk[i]), tuple(idx[ptr[i] : ptr[i + 1]]),
+              int(rs.count[i]), int(rs.channel[i]), reduce=True)  # fmt: skip
+        final.setdefault((int(rs.dst[i]), int(rs.chunk[i])), []).append(i)
+    off = len(rs)
+    # The last reduce into the owner is chained after all others, so it alone is enough.
+    ptr, idx = ag.dep_ptr.tolist(), ag.dep_idx.tolist()
+    for i in range(len(ag)):
+        deps = tuple(off + d for d in idx[ptr[i] : ptr[i + 1]])
+        s, c = int(ag.src[i]), int(ag.chunk[i])
+        if not deps:
+            into = final.get((s, c), [])
+            deps = (max(into),) if into else ()
+        # The receiver must also have sent its partial sum before being overwritten.
+        b.add(s, int(ag.dst[i]), c, deps, int(ag.count[i]), int(ag.channel[i]))
+    # AllReduce's chunk space is the whole buffer: the N*C chunks the phases work on.
+    return b.arrays(name, Collective.ALLREDUCE, ag.nranks, ag.nranks * ag.chunks_per_rank,
+                    channels=ag.channels)  # fmt: skip
+
+
+def alltoall(fab: Fabric, columns: list[Column], pieces: int, name: str) -> ScheduleArrays:
+    """N scatters; each destination's chunks follow its sketch's dimension-ordered route."""
+    n = fab.nranks
+    blocks = _split(columns, pieces)
+    cpr = len(blocks) * pieces
+    b = Builder()
+    for root in range(n):
+        for ch, (sk, off, k) in enumerate(blocks):
+            _scatter(fab, sk, root, off, k, cpr, b, ch)
+    return b.arrays(name, Collective.ALLTOALL, n, cpr, channels=len(blocks))
+
+
+def _scatter(fab: Fabric, sk: Sketch, root: int, off: int, k: int, cpr: int, b: Builder,
+             ch: int) -> None:  # fmt: skip
+    n = fab.nranks
+    # Bundles: (holder, destinations, dep).
+    bundles: list[tuple[int, list[int], int | None]] = [
+        (root, [d for d in range(n) if d != root], None)
+    ]
+    for stage in sk.stages:
+        d = stage.dim
+        g = GroupTopo.of(fab.dims[d])
+        out: list[tuple[int, list[int], int | None]] = []
+        while bundles:
+            holder, dests, dep = bundles.pop()
+            here = fab.coord(holder, d)
+            moving: dict[int, list[int]] = {}
+            staying: list[int] = []
+            for dest in dests:
+                if stage.kind == "relay":
+                    target = (here + stage.offset) % g.size if holder == root else here
+                else:
+                    target = fab.coord(dest, d)
+                if target == here:
+                    staying.append(dest)
+                else:
+                    nxt = g.shortest_paths(here, target)[0][1]
+                    moving.setdefault(nxt, []).append(dest)
+            if staying:
+                out.append((holder, staying, dep))
+            for nxt, group in moving.items():
+                to = fab.moved(holder, d, nxt)
+                last = _emit(b, holder, to, root, group, n, off, k, cpr, dep, ch)
+                rest = [x for x in group if x != to]
+                if rest:
+                    bundles.append((to, rest, last))
+        bundles = out
+    assert not bundles, f"scatter from {root} left data undelivered"
+
+
+def _emit(b: Builder, src: int, dst: int, root: int, dests: list[int], n: int, off: int, k: int,
+          cpr: int, dep: int | None, ch: int) -> int:  # fmt: skip
+    """One transfer per run of consecutive chunk ids; returns a transfer all later hops can wait on."""
+    ids = sorted((root * n + dest) * cpr + off + j for dest in dests for j in range(k))
+    runs: list[tuple[int, int]] = []
+    for c in ids:
+        if runs and runs[-1][0] + runs[-1][1] == c:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((c, 1))
+    deps = () if dep is None else (dep,)
+    made = [b.add(src, dst, c, deps, cnt, ch) for c, cnt in runs]
+    if len(made) == 1:
+        return made[0]
+    return _join(b, made)
+
+
+def _join(b: Builder, made: list[int]) -> int:
+    # Make the last run depend on the earlier ones so one index stands for the whole bundle.
+    last = made[-1]
+    b.deps[last] = tuple(sorted(set(b.deps[last]) | set(made[:-1])))
+    return last

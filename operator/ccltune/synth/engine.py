@@ -1,0 +1,316 @@
+"""`synthesize`: SyCCL's pipeline from a symmetric cluster to MSCCL files per size range.
+
+1. sketch search with the three prunings (sketch.py);
+2. coarse step: every distinct sub-demand of every sketch solved once with 1 piece (milp.py,
+   shard.py); a bandwidth/latency estimate from the solved patterns ranks the sketches and an
+   LP over the sketches' per-port loads gives split ratios (combine.py); the best K are kept;
+3. fine step: the top K's sub-demands solved again with more pieces (shorter epochs);
+4. evaluation: candidate schedules assembled (assemble.py) and simulated at every size with
+   every protocol; per size the best of the candidates and NCCL's default choice (simulated
+   with the same simulator) wins; equal neighbours merge into size ranges;
+5. output: one MSCCL XML per synthesized range, checked by model.check before it is written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..api.cluster import ClusterTopology
+from ..api.common import Collective, Source, format_size
+from ..api.plan import Estimate
+from ..model.busbw import algbw_gbps, busbw_gbps
+from ..model.check import check_schedule
+from ..model.cost import protocol_cost
+from ..model.ir import ScheduleArrays
+from ..model.msccl import to_msccl_xml
+from ..model.nccl_default import default_estimate, nccl_default, nccl_graph
+from ..model.routing import Router
+from ..model.simulate import simulate
+from . import assemble as asm
+from .combine import Candidate, candidates
+from .milp import SubSchedule
+from .shard import solve_all
+from .sketch import SearchStats, Sketch, search
+
+Progress = Callable[[str, float], None]  # (message, fraction done 0..1)
+
+PROTOCOLS_SMALL = ("LL", "LL128", "Simple")
+PROTOCOLS_LARGE = ("LL128", "Simple")
+SMALL_BYTES = 1 << 20
+
+
+@dataclass
+class SizeResult:
+    size_bytes: int
+    chosen: str  # candidate label or "nccl:<algo>/<proto>"
+    protocol: str
+    estimate: Estimate  # the chosen schedule's simulated time
+    default: Estimate  # NCCL's default choice, simulated
+    synthesized: Estimate | None  # best synthesized candidate, even when NCCL won
+    bound_us: float
+    reason: str
+
+
+@dataclass
+class RangeResult:
+    min_bytes: int
+    max_bytes: int  # inclusive; 0 = no upper limit (MSCCL's convention)
+    kind: str  # "msccl" | "nccl"
+    label: str
+    protocol: str
+    channels: int
+    sizes: list[SizeResult]
+    xml_file: str | None = None
+    reason: str = ""
+
+
+@dataclass
+class SynthesisResult:
+    cluster: str
+    collective: Collective
+    nranks: int
+    sizes: list[SizeResult]
+    ranges: list[RangeResult]
+    notes: list[str] = field(default_factory=list)
+    budget_exhausted: bool = False
+    symmetric: bool = True
+    stats: SearchStats | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    subschedules: list[SubSchedule] = field(default_factory=list)
+    schedules: dict[str, ScheduleArrays] = field(default_factory=dict)
+
+
+class _Clock:
+    def __init__(self, budget_s: float) -> None:
+        self.start = time.perf_counter()
+        self.budget = budget_s
+
+    def left(self) -> float:
+        return self.budget - (time.perf_counter() - self.start)
+
+    def out(self) -> bool:
+        return self.left() <= 0
+
+
+def synthesize(
+    topo: ClusterTopology,
+    collective: Collective | str,
+    sizes: list[int],
+    *,
+    time_budget_s: float = 60.0,
+    workers: int = 1,
+    out_dir: Path | str | None = None,
+    top_k: int = 3,
+    progress: Progress | None = None,
+    root: int = 0,
+) -> SynthesisResult:
+    """Synthesize `collective` on `topo` for `sizes` (nccl-tests' size convention)."""
+    coll = Collective(collective)
+    sizes = sorted({int(s) for s in sizes})
+    if not sizes or sizes[0] <= 0:
+        raise ValueError("sizes: give at least one positive size")
+    say = progress or (lambda _m, _f: None)
+    clock = _Clock(time_budget_s)
+    router = Router(topo)
+    result = SynthesisResult(topo.name, coll, topo.world_size, [], [])
+    if topo.dimensions is None or topo.world_size < 2:
+        why = topo.asymmetry_reason or "a single GPU has nothing to synthesize"
+        result.symmetric = False
+        result.notes.append(f"no synthesis: {why}; NCCL's default choice is used at every size")
+        say("asymmetric: NCCL baselines only", 0.1)
+        for s in sizes:
+            d = default_estimate(coll, s, topo, router=router)
+            result.sizes.append(_nccl_size(coll, s, topo, d, f"asymmetric topology: {why}"))
+        result.ranges = _ranges(result.sizes, {}, coll, topo, out_dir, result)
+        return result
+
+    dims = topo.dimensions
+    fab = asm.Fabric(dims)
+    sketches, stats = search(dims, relays=True)
+    result.stats = stats
+    say(f"{stats.kept} sketches after pruning ({stats.raw} raw)", 0.05)
+
+    # Coarse step.
+    t0 = time.perf_counter()
+    symmetric = coll != Collective.BROADCAST
+    coarse = _solve(dims, sketches, symmetric, 1, coll, workers, clock, time_limit=0.5)
+    result.timings["coarse_s"] = time.perf_counter() - t0
+    say(f"coarse: {len(coarse)} distinct sub-demands solved", 0.2)
+    cands = candidates(fab, coll, sketches, asm.Patterns(coarse), sizes, root=root, top_k=top_k)
+    result.timings["combine_s"] = time.perf_counter() - t0 - result.timings["coarse_s"]
+
+    # Fine step for the kept candidates.
+    t1 = time.perf_counter()
+    fine_pieces = 4 if coll == Collective.BROADCAST else 2
+    kept = sorted({c.sketch for cand in cands for c in cand.columns}, key=str)
+    fine: dict[tuple[object, ...], SubSchedule] = {}
+    if coll != Collective.ALLTOALL and not clock.out():
+        fine = _solve(dims, kept, symmetric, fine_pieces, coll, workers, clock,
+                      time_limit=min(2.0, max(0.1, clock.left() / 10)))  # fmt: skip
+    result.timings["fine_s"] = time.perf_counter() - t1
+    solved = {**coarse, **fine}
+    result.subschedules = list(solved.values())
+    patterns = asm.Patterns(solved)
+    say(f"fine: {len(fine)} sub-demands with {fine_pieces} pieces", 0.35)
+
+    # Assemble variants.
+    t2 = time.perf_counter()
+    variants: list[tuple[str, ScheduleArrays]] = []
+    # Deeper pipelines (more chunks per sketch) trade step latency for stage overlap.
+    depths = (1,) if fab.nranks >= 256 else ((1, 8) if coll == Collective.BROADCAST else (1, 4))
+    for cand in cands:
+        for pieces in sorted({1, fine_pieces if fine else 1}):
+            for depth in depths:
+                if coll == Collective.ALLTOALL and pieces > 1:
+                    continue
+                if clock.out() and variants:
+                    result.budget_exhausted = True
+                    break
+                label = f"{cand.label}/p{pieces}x{depth}"
+                deep = Candidate(cand.label, [asm.Column(c.sketch, c.blocks * depth)
+                                              for c in cand.columns], 0.0, 0.0)  # fmt: skip
+                variants.append((label, _build(fab, coll, deep, patterns, pieces, root, label)))
+    result.timings["assemble_s"] = time.perf_counter() - t2
+    result.schedules = dict(variants)
+    say(f"{len(variants)} candidate schedules assembled", 0.45)
+
+    # Evaluate.
+    t3 = time.perf_counter()
+    g = nccl_graph(topo)
+    for i, s in enumerate(sizes):
+        default = default_estimate(coll, s, topo, router=router, with_bound=False)
+        bound = _bound(coll, s, topo)
+        best: tuple[float, str, str] | None = None
+        protos = PROTOCOLS_SMALL if s <= SMALL_BYTES else PROTOCOLS_LARGE
+        for label, arr in variants:
+            for proto in protos:
+                if clock.out() and best is not None:
+                    result.budget_exhausted = True
+                    break
+                cost = protocol_cost(proto, link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)
+                t = simulate(arr, topo, s, cost, router).time_us
+                if best is None or t < best[0]:
+                    best = (t, label, proto)
+        say(f"evaluated {format_size(s)}", 0.45 + 0.5 * (i + 1) / len(sizes))
+        result.sizes.append(_pick(coll, s, topo, default, best, bound))
+    result.timings["evaluate_s"] = time.perf_counter() - t3
+    if result.budget_exhausted:
+        result.notes.append(
+            f"time budget of {time_budget_s:g} s exhausted: the best schedules found so far are "
+            "used (fewer variants or protocols were evaluated at some sizes)"
+        )
+    t4 = time.perf_counter()
+    result.ranges = _ranges(result.sizes, result.schedules, coll, topo, out_dir, result)
+    result.timings["emit_s"] = time.perf_counter() - t4
+    result.timings["total_s"] = time.perf_counter() - clock.start
+    say("done", 1.0)
+    return result
+
+
+def _solve(dims, sketches: list[Sketch], symmetric: bool, pieces: int, coll: Collective,
+           workers: int, clock: _Clock, time_limit: float) -> dict[tuple[object, ...], SubSchedule]:  # type: ignore[no-untyped-def]  # fmt: skip
+    if coll == Collective.ALLTOALL:
+        return {}  # scatters route along shortest paths; no sub-demand MILP (see docs)
+    demands = [
+        asm.stage_demand(dims, st, symmetric, pieces)
+        for sk in sketches for cp in sk.copies(dims) for st in cp.stages
+    ]  # fmt: skip
+    limit = time_limit if clock.left() > 0 else 0.0
+    return solve_all(demands, workers=workers, time_limit_s=limit)
+
+
+def _build(fab: asm.Fabric, coll: Collective, cand: Candidate, patterns: asm.Patterns,
+           pieces: int, root: int, label: str) -> ScheduleArrays:  # fmt: skip
+    cols = cand.columns
+    name = f"ccltune-{coll.value}-{label}".replace(" ", "").replace(">", "-").replace(":", "")
+    if coll == Collective.BROADCAST:
+        return asm.broadcast(fab, cols, patterns, pieces, root, name)
+    if coll == Collective.ALLTOALL:
+        return asm.alltoall(fab, cols, pieces, name)
+    ag = asm.allgather(fab, cols, patterns, pieces, name)
+    if coll == Collective.ALLGATHER:
+        return ag
+    rs = asm.reverse(ag, Collective.REDUCESCATTER, name)
+    if coll == Collective.REDUCESCATTER:
+        return rs
+    return asm.allreduce(rs, ag, name)
+
+
+def _bound(coll: Collective, size: int, topo: ClusterTopology) -> float:
+    from ..model.bounds import lower_bound
+
+    return lower_bound(coll, size, topo).time_us
+
+
+def _estimate(coll: Collective, size: int, topo: ClusterTopology, t: float, bound: float) -> Estimate:
+    return Estimate(
+        size_bytes=size, time_us=t, algbw_gbps=algbw_gbps(size, t),
+        busbw_gbps=busbw_gbps(coll, topo.world_size, size, t), source=Source.SIMULATED,
+        bound_us=bound, pct_of_bound=100.0 * bound / t,
+    )  # fmt: skip
+
+
+def _nccl_size(coll: Collective, s: int, topo: ClusterTopology, d: Estimate, reason: str) -> SizeResult:
+    bound = _bound(coll, s, topo)
+    est = _estimate(coll, s, topo, d.time_us, bound)
+    ch = nccl_default(coll, s, topo).choice
+    return SizeResult(s, f"nccl:{ch.describe()}", ch.protocol or "Simple", est, est, None, bound, reason)
+
+
+def _pick(coll: Collective, s: int, topo: ClusterTopology, default: Estimate,
+          best: tuple[float, str, str] | None, bound: float) -> SizeResult:  # fmt: skip
+    dflt = _estimate(coll, s, topo, default.time_us, bound)
+    ch = nccl_default(coll, s, topo).choice
+    if best is None:
+        return SizeResult(s, f"nccl:{ch.describe()}", ch.protocol or "Simple", dflt, dflt, None,
+                          bound, "no synthesized candidate was evaluated (budget)")  # fmt: skip
+    t, label, proto = best
+    syn = _estimate(coll, s, topo, t, bound)
+    if t < default.time_us:
+        gain = default.time_us / t
+        return SizeResult(s, label, proto, syn, dflt, syn, bound,
+                          f"{gain:.2f}x faster than NCCL's default ({ch.describe()})")  # fmt: skip
+    return SizeResult(s, f"nccl:{ch.describe()}", ch.protocol or "Simple", dflt, dflt, syn, bound,
+                      f"NCCL's default is faster ({t / default.time_us:.2f}x the time of {label})")  # fmt: skip
+
+
+def _ranges(sizes: list[SizeResult], schedules: dict[str, ScheduleArrays], coll: Collective,
+            topo: ClusterTopology, out_dir: Path | str | None,
+            result: SynthesisResult) -> list[RangeResult]:  # fmt: skip
+    groups: list[list[SizeResult]] = []
+    for sr in sizes:
+        if groups and (groups[-1][-1].chosen, groups[-1][-1].protocol) == (sr.chosen, sr.protocol):
+            groups[-1].append(sr)
+        else:
+            groups.append([sr])
+    out: list[RangeResult] = []
+    for i, grp in enumerate(groups):
+        lo = 0 if i == 0 else grp[0].size_bytes
+        hi = 0 if i == len(groups) - 1 else groups[i + 1][0].size_bytes - 1
+        first = grp[0]
+        msccl = not first.chosen.startswith("nccl:")
+        arr = schedules.get(first.chosen) if msccl else None
+        rr = RangeResult(lo, hi, "msccl" if msccl else "nccl", first.chosen, first.protocol,
+                         arr.channels if arr is not None else 0, grp, reason=first.reason)  # fmt: skip
+        if arr is not None and out_dir is not None:
+            rr.xml_file = _write_xml(arr, coll, rr, Path(out_dir), topo)
+        out.append(rr)
+    return out
+
+
+def _write_xml(arr: ScheduleArrays, coll: Collective, rr: RangeResult, out_dir: Path,
+               topo: ClusterTopology) -> str:  # fmt: skip
+    sched = arr.to_schedule()
+    sched.protocol = rr.protocol
+    check_schedule(sched)  # never write a file the checker rejects
+    hi = "inf" if rr.max_bytes == 0 else format_size(rr.max_bytes + 1)
+    name = f"{coll.value}-{topo.world_size}r-{format_size(max(rr.min_bytes, 1))}-{hi}-{rr.protocol}"
+    xml = to_msccl_xml(sched, name=name, proto=rr.protocol, nchannels=sched.channels,
+                       min_bytes=rr.min_bytes, max_bytes=rr.max_bytes or None, inplace=False)  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.xml"
+    path.write_text(xml, encoding="utf-8")
+    return str(path)

@@ -1,0 +1,123 @@
+"""Solving many sub-demands: once per isomorphism class, in parallel, shardable.
+
+The same three calls run in-process, in a local process pool, or across a Kubernetes Indexed Job
+(the controller writes `plan_json` into a ConfigMap, pod i runs `solve_shard(plan, i)` with
+i = $JOB_COMPLETION_INDEX and writes `results_json`, the operator `merge`s what the pods wrote).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from .group import GroupTopo
+from .milp import SubDemand, SubSchedule, solve
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlan:
+    demands: tuple[SubDemand, ...]  # canonical, one per isomorphism class
+    shards: tuple[tuple[int, ...], ...]  # demand indices per shard
+    time_limit_s: float
+
+
+def _weight(d: SubDemand) -> int:
+    return d.pieces * len(d.group.links()) * max(1, len(d.receivers))
+
+
+def plan_shards(demands: Iterable[SubDemand], shards: int, *, time_limit_s: float = 2.0) -> ShardPlan:
+    """Dedupe by isomorphism class and spread the classes over `shards` (largest first)."""
+    unique: dict[tuple[object, ...], SubDemand] = {}
+    for d in demands:
+        unique.setdefault(d.key(), d.canonical())
+    ds = tuple(unique.values())
+    n = max(1, min(shards, len(ds)))
+    bins: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in sorted(range(len(ds)), key=lambda i: -_weight(ds[i])):
+        j = load.index(min(load))
+        bins[j].append(i)
+        load[j] += _weight(ds[i])
+    return ShardPlan(ds, tuple(tuple(b) for b in bins), time_limit_s)
+
+
+def solve_shard(plan: ShardPlan, index: int) -> list[SubSchedule]:
+    if not 0 <= index < len(plan.shards):
+        raise ValueError(f"shard index {index} not in 0..{len(plan.shards) - 1}")
+    return [solve(plan.demands[i], time_limit_s=plan.time_limit_s) for i in plan.shards[index]]
+
+
+def merge(results: Iterable[Iterable[SubSchedule]]) -> dict[tuple[object, ...], SubSchedule]:
+    out: dict[tuple[object, ...], SubSchedule] = {}
+    for shard in results:
+        for s in shard:
+            out[s.demand.key()] = s
+    return out
+
+
+def solve_all(
+    demands: Iterable[SubDemand], *, workers: int = 1, time_limit_s: float = 2.0
+) -> dict[tuple[object, ...], SubSchedule]:
+    """Every distinct sub-demand solved once; `workers` > 1 uses a process pool."""
+    plan = plan_shards(demands, max(1, workers), time_limit_s=time_limit_s)
+    if workers <= 1 or len(plan.shards) <= 1:
+        return merge(solve_shard(plan, i) for i in range(len(plan.shards)))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        parts = list(pool.map(solve_shard, [plan] * len(plan.shards), range(len(plan.shards))))
+    return merge(parts)
+
+
+# ---- wire format for an Indexed Job ---------------------------------------------------------
+
+
+def _demand_dict(d: SubDemand) -> dict[str, object]:
+    g = d.group
+    return {
+        "group": {"kind": g.kind, "size": g.size, "bandwidthGbps": g.bandwidth_gbps,
+                  "latencyUs": g.latency_us},
+        "sources": list(d.sources), "receivers": list(d.receivers),
+        "symmetric": d.symmetric, "pieces": d.pieces,
+    }  # fmt: skip
+
+
+def _demand_of(x: dict) -> SubDemand:
+    g = x["group"]
+    group = GroupTopo(g["kind"], int(g["size"]), float(g["bandwidthGbps"]), float(g["latencyUs"]))
+    return SubDemand(group, tuple(x["sources"]), tuple(x["receivers"]), bool(x["symmetric"]),
+                     int(x["pieces"]))  # fmt: skip
+
+
+def plan_json(plan: ShardPlan) -> str:
+    return json.dumps({
+        "demands": [_demand_dict(d) for d in plan.demands],
+        "shards": [list(s) for s in plan.shards],
+        "timeLimitS": plan.time_limit_s,
+    })  # fmt: skip
+
+
+def plan_from_json(text: str) -> ShardPlan:
+    x = json.loads(text)
+    return ShardPlan(
+        tuple(_demand_of(d) for d in x["demands"]),
+        tuple(tuple(int(i) for i in s) for s in x["shards"]),
+        float(x["timeLimitS"]),
+    )
+
+
+def results_json(results: list[SubSchedule]) -> str:
+    return json.dumps([
+        {"demand": _demand_dict(s.demand), "sends": [list(t) for t in s.sends],
+         "epochs": s.epochs, "status": s.status, "solveS": s.solve_s}
+        for s in results
+    ])  # fmt: skip
+
+
+def results_from_json(text: str) -> list[SubSchedule]:
+    out = []
+    for x in json.loads(text):
+        sends = tuple(tuple(int(v) for v in t) for t in x["sends"])
+        out.append(SubSchedule(_demand_of(x["demand"]), sends, int(x["epochs"]),  # type: ignore[arg-type]
+                               str(x["status"]), float(x["solveS"])))  # fmt: skip
+    return out

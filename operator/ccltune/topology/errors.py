@@ -1,0 +1,7 @@
+"""The one error type every topology entry point raises: one line naming the field or node."""
+
+from __future__ import annotations
+
+
+class TopologyError(ValueError):
+    """Bad cluster input. The message is one line that names the file, field, line or node."""

@@ -1,0 +1,133 @@
+"""What every searcher shares: the evaluation callback, the trial log and the budget."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..space import DEFAULT_BUFFSIZE, Config, Subspace, TaskSpace
+
+# (config, repetitions) -> mean time in microseconds; lower is better.
+Evaluate = Callable[[Config, int], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    config: Config
+    value: float  # mean time (us) over `reps`
+    reps: int
+    pruned: bool = False
+
+
+@dataclass
+class SearchResult:
+    best: Config
+    value: float
+    trials: list[Trial]
+    converged: bool
+    reason: str  # why the search stopped
+
+    @property
+    def n_trials(self) -> int:
+        return len(self.trials)
+
+    @property
+    def n_measurements(self) -> int:
+        return sum(t.reps for t in self.trials)
+
+
+class Searcher(Protocol):
+    name: str
+
+    def search(
+        self, space: TaskSpace, evaluate: Evaluate, budget: int, seed: int, start: Config | None = None
+    ) -> SearchResult: ...
+
+
+class BudgetExhausted(Exception):
+    pass
+
+
+@dataclass
+class Log:
+    """Trial bookkeeping with a cache: a configuration is measured once per search."""
+
+    evaluate: Evaluate
+    budget: int
+    reps: int = 1
+    trials: list[Trial] = field(default_factory=list)
+    cache: dict[Config, float] = field(default_factory=dict)
+
+    def __call__(self, config: Config) -> float:
+        if config in self.cache:
+            return self.cache[config]
+        if len(self.trials) >= self.budget:
+            raise BudgetExhausted
+        value = self.evaluate(config, self.reps)
+        self.trials.append(Trial(config, value, self.reps))
+        self.cache[config] = value
+        return value
+
+    @property
+    def left(self) -> int:
+        return self.budget - len(self.trials)
+
+    def best(self) -> tuple[Config, float]:
+        config = min(self.cache, key=lambda c: (self.cache[c], c))
+        return config, self.cache[config]
+
+
+def check_budget(budget: int) -> None:
+    if budget < 1:
+        raise ValueError(f"budget must be at least 1 trial, got {budget}")
+
+
+def nearest_member(sub: Subspace, idx: tuple[int, int, int]) -> tuple[int, int, int] | None:
+    """The grid index closest to `idx` (L1 over value indices) whose point exists in `sub`."""
+    best: tuple[int, tuple[int, int, int]] | None = None
+    for point in sub.points or ():
+        j = tuple(sub.values[d].index(point[d]) for d in range(3))
+        dist = sum(abs(a - b) for a, b in zip(j, idx, strict=True))
+        if best is None or (dist, j) < best:
+            best = (dist, j)  # type: ignore[assignment]
+    return best[1] if best else None
+
+
+def point_at(sub: Subspace, idx: tuple[int, int, int]) -> tuple[int, int, int]:
+    return (sub.values[0][idx[0]], sub.values[1][idx[1]], sub.values[2][idx[2]])
+
+
+def start_index(sub: Subspace, start: Config | None) -> tuple[int, int, int]:
+    """Where to start inside a subspace: NCCL's default resources projected onto its grid."""
+    idx = []
+    for d in range(3):
+        vals = sub.values[d]
+        if start is None:
+            # No NCCL default known: middle channel count, most threads, NCCL's default buffer.
+            defaults = (None, max(vals), DEFAULT_BUFFSIZE)
+            want = defaults[d]
+            idx.append(vals.index(want) if want in vals else len(vals) // 2)
+        else:
+            target = start.point[d]
+            idx.append(min(range(len(vals)), key=lambda i: (abs(vals[i] - target), i)))
+    out = (idx[0], idx[1], idx[2])
+    if sub.points is not None and point_at(sub, out) not in sub.points:
+        near = nearest_member(sub, out)
+        if near is not None:
+            out = near
+    return out
+
+
+__all__ = [
+    "BudgetExhausted",
+    "Evaluate",
+    "Log",
+    "SearchResult",
+    "Searcher",
+    "Trial",
+    "check_budget",
+    "nearest_member",
+    "point_at",
+    "start_index",
+]

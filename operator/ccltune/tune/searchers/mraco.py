@@ -1,0 +1,143 @@
+"""TuCCL's MRACO search on optuna: TPE exploration, Hyperband pruning with repetitions as the
+resource, and convergence by gain and by the stability of what the sampler proposes.
+
+- Exploration: optuna's TPE sampler (seeded, multivariate, grouped for the conditional resource
+  parameters of each implementation subspace). NCCL's default is enqueued as the first trial.
+- Multi-resource: a trial is measured one repetition at a time, reporting the running mean;
+  Hyperband (min 1, max `max_reps` repetitions, reduction factor 3) stops unpromising trials after
+  few repetitions, so most of the measurement time goes to good configurations.
+- Convergence: stop when the best completed value improved by less than `gain_eps` over the last
+  `window` completed trials AND the share of trials per implementation subspace in that window
+  differs from the window before by at most `tv_eps` (total variation distance).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+
+import optuna
+
+from ..space import Config, Subspace, TaskSpace
+from .base import Evaluate, SearchResult, Trial, check_budget, nearest_member, point_at, start_index
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+_DIM_NAMES = ("channels", "threads", "buffsize")
+
+
+@dataclass
+class MracoSearcher:
+    max_reps: int = 9
+    reduction_factor: int = 3
+    window: int = 12
+    gain_eps: float = 0.005
+    tv_eps: float = 0.25
+    startup_trials: int = 10
+    name: str = "mraco"
+
+    def search(
+        self, space: TaskSpace, evaluate: Evaluate, budget: int, seed: int, start: Config | None = None
+    ) -> SearchResult:
+        check_budget(budget)
+        subs = {s.impl.label(): s for s in space.subspaces}
+        labels = sorted(subs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True,
+                n_startup_trials=min(self.startup_trials, max(3, budget // 4)),
+            )
+        pruner = optuna.pruners.HyperbandPruner(
+            min_resource=1, max_resource=self.max_reps, reduction_factor=self.reduction_factor
+        )
+        # Hyperband assigns brackets by hashing the study name: fix it so runs repeat.
+        study = optuna.create_study(
+            study_name=f"mraco-{seed}", direction="minimize", sampler=sampler, pruner=pruner
+        )
+        if start is not None and start.impl.label() in subs:
+            sub0 = subs[start.impl.label()]
+            study.enqueue_trial(self._params(sub0, sub0.config(point_at(sub0, start_index(sub0, start)))))
+        trials: list[Trial] = []
+        done: dict[Config, Trial] = {}
+        completed: list[Trial] = []
+        best_hist: list[float] = []
+        reason = f"budget of {budget} trials spent"
+        converged = False
+        attempts = 0
+        while len(trials) < budget and attempts < 4 * budget:
+            attempts += 1
+            ot = study.ask()
+            label = ot.suggest_categorical("impl", labels)
+            sub = subs[label]
+            config = self._config(ot, sub)
+            if config in done:  # the sampler proposed a measured point again: answer from the log
+                prev = done[config]
+                state = optuna.trial.TrialState.PRUNED if prev.pruned else optuna.trial.TrialState.COMPLETE
+                study.tell(ot, prev.value if not prev.pruned else None, state=state)
+                continue
+            total, reps, pruned = 0.0, 0, False
+            for rep in range(1, self.max_reps + 1):
+                total += evaluate(config, 1)
+                reps = rep
+                ot.report(total / reps, step=rep)
+                if rep < self.max_reps and ot.should_prune():
+                    pruned = True
+                    break
+            trial = Trial(config, total / reps, reps, pruned)
+            trials.append(trial)
+            done[config] = trial
+            if pruned:
+                study.tell(ot, state=optuna.trial.TrialState.PRUNED)
+                continue
+            study.tell(ot, trial.value)
+            completed.append(trial)
+            best_hist.append(min(t.value for t in completed))
+            if self._converged(completed, best_hist):
+                converged = True
+                reason = "converged: no gain and a stable proposal distribution"
+                break
+        if not trials:
+            raise ValueError("MRACO made no trial (empty space?)")
+        pool = completed or trials
+        best = min(pool, key=lambda t: (t.value, t.config))
+        return SearchResult(best.config, best.value, trials, converged, reason)
+
+    def _converged(self, completed: list[Trial], best_hist: list[float]) -> bool:
+        w = self.window
+        if len(completed) < 2 * w:
+            return False
+        old, new = best_hist[-w - 1], best_hist[-1]
+        if (old - new) / old > self.gain_eps:
+            return False
+        recent = Counter(t.config.impl.label() for t in completed[-w:])
+        before = Counter(t.config.impl.label() for t in completed[-2 * w : -w])
+        keys = set(recent) | set(before)
+        tv = 0.5 * sum(abs(recent[k] / w - before[k] / w) for k in keys)
+        return tv <= self.tv_eps
+
+    @staticmethod
+    def _params(sub: Subspace, config: Config) -> dict[str, object]:
+        params: dict[str, object] = {"impl": sub.impl.label()}
+        for d, name in enumerate(_DIM_NAMES):
+            if len(sub.values[d]) > 1:
+                params[f"{sub.impl.label()}:{name}"] = config.point[d]
+        return params
+
+    @staticmethod
+    def _config(ot: optuna.trial.Trial, sub: Subspace) -> Config:
+        point: list[int] = []
+        for d, name in enumerate(_DIM_NAMES):
+            vals = sub.values[d]
+            point.append(vals[0] if len(vals) == 1 else int(ot.suggest_categorical(f"{sub.impl.label()}:{name}", vals)))
+        p = (point[0], point[1], point[2])
+        if not sub.contains(p):  # a replayed table lacks this point: take the nearest one it has
+            idx = tuple(sub.values[d].index(p[d]) for d in range(3))
+            near = nearest_member(sub, (idx[0], idx[1], idx[2]))
+            assert near is not None
+            p = (sub.values[0][near[0]], sub.values[1][near[1]], sub.values[2][near[2]])
+        return sub.config(p)
+
+
+__all__ = ["MracoSearcher"]

@@ -1,0 +1,440 @@
+"""tune_tasks: search every task key, reconcile the process-wide knobs, render what to publish.
+
+Per task key (one size bucket of one collective on one communicator shape):
+1. the valid space for the fabric (space.py), restricted to what the profiler can measure;
+2. NCCL's default choice, measured by the same profiler (the baseline);
+3. the searcher's best configuration within `budget` trials;
+4. synthesized schedules (MSCCL), when given, compete with the tuned NCCL configuration.
+Then the knobs NCCL only takes per process (threads, buffer size, transport) are reconciled: every
+combination the tasks' winners asked for (plus NCCL's defaults) is measured on every task with that
+task's per-call choices (algorithm, protocol, channels) and the one with the best geometric-mean
+time wins; a task that ends up slower than NCCL's default keeps NCCL's default per-call choice.
+Reported times are re-measured with `verify_reps` repetitions under the deployed settings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api.cluster import ClusterTopology
+from ..api.common import Collective, Source
+from ..api.plan import Choice, Estimate, PlanTask, TaskKey
+from ..model.busbw import algbw_gbps, busbw_gbps
+from .default import default_channels, nccl_default_config, static_time_us
+from .emit import algo_proto_env, render_nccl_conf, render_tuner_csv, tuner_rows
+from .fabric import FabricFacts, facts_for
+from .keys import bucket_keys, check_keys
+from .profilers.base import Measurement, Profiler, ProfilerError, stable_seed
+from .profilers.live import LiveProfiler
+from .profilers.nccltests import transport_env
+from .profilers.replay import ReplayProfiler
+from .profilers.simulated import SimulatedProfiler
+from .searchers import Searcher, SearchResult, make_searcher
+from .searchers.base import point_at, start_index
+from .space import (
+    DEFAULT_BUFFSIZE,
+    DEFAULT_THREADS,
+    Config,
+    Impl,
+    TaskSpace,
+    build_space,
+    check_config,
+    parse_version,
+)
+
+TUNER_FILE = "nccl_tuner.conf"
+NCCL_CONF_FILE = "nccl.conf"
+Progress = Callable[[str, int, int], None]  # (message, done, total)
+
+
+@dataclass(frozen=True)
+class SynthCandidate:
+    """A synthesized schedule that may replace NCCL for a task (TuCCL's joint optimization)."""
+
+    name: str
+    measurement: Measurement
+    msccl_file: str | None = None
+
+
+# (task key, size) -> candidates measured/simulated at that size
+SynthSource = Callable[[TaskKey, int], Sequence[SynthCandidate]]
+
+
+@dataclass
+class TaskOutcome:
+    key: TaskKey
+    size: int  # the size the bucket was measured at
+    default: Config | None  # None when the baseline is a logged NCCL run (no known config)
+    default_source: str
+    default_measure: Measurement
+    searched: SearchResult | None
+    deployed: Config | None  # the NCCL settings published for this key
+    chosen_measure: Measurement
+    synthesized: SynthCandidate | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def trials(self) -> int:
+        return self.searched.n_trials if self.searched else 0
+
+    @property
+    def speedup(self) -> float:
+        return self.default_measure.time_us / self.chosen_measure.time_us
+
+    def _estimate(self, m: Measurement) -> Estimate:
+        coll = Collective(self.key.collective)
+        return Estimate(
+            size_bytes=self.size,
+            time_us=m.time_us,
+            algbw_gbps=algbw_gbps(self.size, m.time_us),
+            busbw_gbps=busbw_gbps(coll, self.key.ranks, self.size, m.time_us),
+            source=m.source,
+        )
+
+    @property
+    def default_busbw(self) -> float:
+        return self._estimate(self.default_measure).busbw_gbps
+
+    @property
+    def chosen_busbw(self) -> float:
+        return self._estimate(self.chosen_measure).busbw_gbps
+
+    def choice(self) -> Choice:
+        if self.synthesized is not None:
+            return Choice(kind="msccl", algorithm=self.synthesized.name, msccl_file=self.synthesized.msccl_file)
+        return _choice(self.deployed)
+
+    def plan_task(self) -> PlanTask:
+        default = _choice(self.default) if self.default else Choice(kind="nccl")
+        notes = list(self.notes)
+        if self.searched:
+            notes.append(f"{self.trials} trials ({self.searched.n_measurements} measurements): {self.searched.reason}")
+        return PlanTask(
+            key=self.key,
+            default=default,
+            chosen=self.choice(),
+            default_estimates=[self._estimate(self.default_measure)],
+            chosen_estimates=[self._estimate(self.chosen_measure)],
+            trials=self.trials,
+            notes=notes,
+        )
+
+
+def _choice(config: Config | None) -> Choice:
+    if config is None:
+        return Choice(kind="nccl")
+    return Choice(kind="nccl", algorithm=config.impl.algorithm, protocol=config.impl.protocol,
+                  channels=config.channels, threads=config.threads,
+                  chunk_bytes=config.buffsize // 2 if config.impl.protocol == "Simple" else None)
+
+
+@dataclass
+class TuningResult:
+    tasks: list[TaskOutcome]
+    env: dict[str, str]
+    files: dict[str, str]  # path -> content (nccl_tuner.conf, nccl.conf)
+    notes: list[str]
+    source: Source
+    searcher: str
+    profiler: str
+    budget: int
+    seed: int
+
+    @property
+    def tuner_csv(self) -> str:
+        return self.files[TUNER_FILE]
+
+    @property
+    def nccl_conf(self) -> str:
+        return self.files[NCCL_CONF_FILE]
+
+    def plan_tasks(self) -> list[PlanTask]:
+        return [t.plan_task() for t in self.tasks]
+
+
+def make_profiler(spec: str | Profiler, topo: ClusterTopology, *, seed: int = 0, **options: Any) -> Profiler:
+    """'simulated' | 'replay:FILE' | 'live' (or a ready profiler) -> a profiler."""
+    if not isinstance(spec, str):
+        return spec
+    if spec == "simulated":
+        return SimulatedProfiler(topo, interference=options.get("interference", 0.0),
+                                 noise=options.get("noise", 0.02), seed=seed, sharp=options.get("sharp"))
+    if spec.startswith("replay:"):
+        path = spec.split(":", 1)[1]
+        if not path:
+            raise ValueError("profiler: replay needs a file, as replay:FILE")
+        return ReplayProfiler.from_file(
+            path, collective=options.get("collective"), ranks=options.get("ranks"), nodes=options.get("nodes"),
+            fallback=options.get("fallback", "error"), inplace=options.get("inplace", False),
+        )
+    if spec == "live":
+        return LiveProfiler(launcher=list(options.get("launcher") or []), bindir=options.get("bindir", ""))
+    raise ValueError(f"profiler: unknown {spec!r} (simulated, replay:FILE or live)")
+
+
+def _buckets(key: TaskKey, profiler: Profiler, factor: int) -> list[TaskKey]:
+    sizes_of = getattr(profiler, "sizes", None)
+    if sizes_of is None:
+        return bucket_keys(key, factor)
+    points = sizes_of(key)
+    if not points:
+        return []
+    out = []
+    for i, lo in enumerate(points):
+        hi = points[i + 1] - 1 if i + 1 < len(points) else max(lo, key.max_bytes)
+        out.append(key.model_copy(update={"min_bytes": lo, "max_bytes": hi}))
+    return out
+
+
+def _measure_default(
+    profiler: Profiler, key: TaskKey, size: int, config: Config, space: TaskSpace, reps: int, facts: FabricFacts
+) -> tuple[Measurement, Config | None, str]:
+    logged = getattr(profiler, "default_measure", None)
+    if logged is not None:
+        m = logged(key, size)
+        if m is not None:
+            return m, None, "NCCL run without overrides (logged)"
+    try:
+        return profiler.measure(key, size, config, reps), config, ""
+    except ProfilerError:
+        if getattr(profiler, "fallback", "error") == "error":
+            raise
+    # Documented fallback: the replayed configuration of the same implementation nearest in
+    # channels; without one, the replayed configuration NCCL's static model ranks first.
+    same = [c for c in space if c.impl == config.impl]
+    coll = Collective(key.collective)
+    if same:
+        near = min(same, key=lambda c: (abs(c.channels - config.channels), c))
+    elif len(space) > 0:
+        near = min(space, key=lambda c: (static_time_us(coll, size, c.impl, facts, c.channels), c))
+    else:
+        raise ProfilerError(f"{key.label()}: NCCL's default {config.label()} is not in the replay table")
+    return profiler.measure(key, size, near, reps), near, f"NCCL default {config.label()} approximated by replayed {near.label()}"
+
+
+def _globals_of(c: Config) -> tuple[str, int | None, int | None]:
+    threads = c.threads if c.impl.protocol != "LL128" else None
+    buff = c.buffsize if c.impl.protocol == "Simple" else None
+    return c.impl.transport, threads, buff
+
+
+def _apply(c: Config, g: tuple[str, int, int]) -> Config:
+    transport, threads, buff = g
+    impl = Impl(c.impl.algorithm, c.impl.protocol, transport)
+    return Config(impl, c.channels, c.threads if c.impl.protocol == "LL128" else threads,
+                  buff if c.impl.protocol == "Simple" else c.buffsize)
+
+
+def tune_tasks(
+    tasks: list[TaskKey],
+    topo: ClusterTopology,
+    *,
+    searcher: str | Searcher = "autoccl",
+    profiler: str | Profiler = "simulated",
+    budget: int = 200,
+    seed: int = 0,
+    nccl_version: str = "2.24",
+    size_factor: int = 2,
+    verify_reps: int = 5,
+    synthesized: SynthSource | None = None,
+    sharp: bool | None = None,
+    progress: Progress | None = None,
+    **profiler_options: Any,
+) -> TuningResult:
+    """Tune every task key (split into size buckets); `budget` is in trials per bucket."""
+    if budget < 1:
+        raise ValueError(f"budget must be at least 1 trial, got {budget}")
+    if not tasks:
+        raise ValueError("no tasks to tune")
+    version = parse_version(nccl_version)
+    search = make_searcher(searcher) if isinstance(searcher, str) else searcher
+    prof = make_profiler(profiler, topo, seed=seed, sharp=sharp, **profiler_options)
+    buckets: list[TaskKey] = []
+    notes: list[str] = []
+    for key in tasks:
+        found = _buckets(key, prof, size_factor)
+        if not found:
+            notes.append(f"{key.label()}: the replayed data has no size in this range; not tuned")
+        buckets += found
+    if not buckets:
+        raise ValueError("replay: the table has no sizes for any task (check collective, ranks, nodes and --sizes)")
+    check_keys(buckets)
+    outcomes: list[tuple[TaskOutcome, FabricFacts, TaskSpace]] = []
+    say = progress or (lambda _m, _d, _t: None)
+    for i, key in enumerate(buckets):
+        say(f"{key.label()} ({search.name} on {prof.name})", i, len(buckets))
+        outcomes.append(_tune_one(key, topo, prof, search, budget, seed, version, sharp, verify_reps))
+    say("reconciling process-wide knobs", len(buckets), len(buckets))
+    g = _reconcile(outcomes, prof, verify_reps, notes)
+    for outcome, _facts, _space in outcomes:
+        _finish(outcome, prof, g, verify_reps, synthesized)
+    for outcome, facts, _ in outcomes:
+        if outcome.deployed is not None:
+            check_config(Collective(outcome.key.collective), outcome.deployed, facts, version)
+    choices = [(o.key, o.deployed) for o, _, _ in outcomes if o.deployed is not None]
+    rows, row_notes = tuner_rows(choices)
+    notes += row_notes
+    env = algo_proto_env(choices, version)
+    env.update(_global_env(g, [o for o, _, _ in outcomes], [f for _, f, _ in outcomes]))
+    header = (f"ccltune tune: {len(buckets)} task keys on {topo.name}, searcher {search.name}, "
+              f"profiler {prof.name} ({prof.source}), budget {budget}/key, seed {seed}")
+    files = {TUNER_FILE: render_tuner_csv(rows, header), NCCL_CONF_FILE: render_nccl_conf(env, header)}
+    if any(Collective(o.key.collective) != Collective.ALLTOALL for o, _, _ in outcomes):
+        notes.append("NCCL's example tuner plugin gives 1 channel to calls no row matches: load "
+                     f"{TUNER_FILE} only in jobs whose communicators are the tuned shapes")
+    return TuningResult([o for o, _, _ in outcomes], env, files, notes, prof.source, search.name,
+                        prof.name, budget, seed)
+
+
+def _tune_one(
+    key: TaskKey, topo: ClusterTopology, prof: Profiler, search: Searcher, budget: int, seed: int,
+    version: tuple[int, int], sharp: bool | None, verify_reps: int,
+) -> tuple[TaskOutcome, FabricFacts, TaskSpace]:
+    coll = Collective(key.collective)
+    facts = facts_for(topo, key.ranks, key.nodes, sharp=sharp)
+    full = build_space(coll, facts, version)
+    space = prof.space(key, facts, full)
+    size = key.min_bytes
+    notes = list(space.notes)
+    dflt = nccl_default_config(coll, size, facts, full, _sub_topology(topo, key))
+    d_measure, d_config, d_note = _measure_default(prof, key, size, dflt.config, space, verify_reps, facts)
+    if d_note:
+        notes.append(d_note)
+    result: SearchResult | None = None
+    if len(space) > 0:
+        start = _project(space, dflt.config)
+
+        def evaluate(config: Config, reps: int) -> float:
+            return prof.measure(key, size, config, reps).time_us
+
+        result = search.search(space, evaluate, budget, stable_seed(seed, key.label()) % (2**31), start)
+    else:
+        notes.append("no NCCL configuration to search in the replayed data")
+    source = dflt.source if d_config is not None else "logged NCCL run"
+    outcome = TaskOutcome(key, size, d_config, source, d_measure, result, result.best if result else d_config,
+                          d_measure, notes=notes)
+    return outcome, facts, space
+
+
+def _project(space: TaskSpace, config: Config) -> Config | None:
+    for sub in space.subspaces:
+        if sub.impl == config.impl:
+            return sub.config(point_at(sub, start_index(sub, config)))
+    return None
+
+
+def _sub_topology(topo: ClusterTopology, key: TaskKey) -> ClusterTopology | None:
+    from ..topology.subgroup import subcluster
+
+    per = key.ranks // key.nodes
+    ranks = [n * topo.gpus_per_node + i for n in range(key.nodes) for i in range(per)]
+    try:
+        return subcluster(topo, ranks)
+    except ValueError:
+        return None
+
+
+def _reconcile(
+    outcomes: list[tuple[TaskOutcome, FabricFacts, TaskSpace]], prof: Profiler, reps: int, notes: list[str]
+) -> tuple[str, int, int]:
+    """Pick one (transport, threads, buffsize) for the process: best geometric-mean time."""
+    wanted: Counter[tuple[str, int | None, int | None]] = Counter()
+    for o, _, _ in outcomes:
+        if o.deployed is not None and o.searched is not None:
+            wanted[_globals_of(o.deployed)] += 1
+    base = ("p2p", DEFAULT_THREADS, DEFAULT_BUFFSIZE)
+    if not wanted:
+        return base
+    transports = {t for (t, _, _) in wanted} | {"p2p"}
+    threads = {n for (_, n, _) in wanted if n is not None} | {DEFAULT_THREADS}
+    buffs = {b for (_, _, b) in wanted if b is not None} | {DEFAULT_BUFFSIZE}
+    common = [t for t, _ in wanted.most_common(4)]
+    cands = {base}
+    for t, n, b in common:
+        cands.add((t, n or DEFAULT_THREADS, b or DEFAULT_BUFFSIZE))
+    if len(transports) * len(threads) * len(buffs) <= 8:
+        cands |= {(t, n, b) for t in transports for n in threads for b in buffs}
+    scored = []
+    for g in sorted(cands):
+        total, ok = 0.0, True
+        for o, _, space in outcomes:
+            if o.deployed is None or o.searched is None:
+                continue
+            cfg = _apply(o.deployed, g)
+            if not _measurable(space, cfg, prof):
+                ok = False
+                break
+            total += math.log(prof.measure(o.key, o.size, cfg, reps).time_us)
+        if ok:
+            scored.append((total, g))
+    if not scored:
+        return base
+    best = min(scored)[1]
+    if len(cands) > 1:
+        notes.append(f"process-wide knobs: transport {best[0]}, NCCL_NTHREADS {best[1]}, NCCL_BUFFSIZE "
+                     f"{best[2]} (best geometric mean over {len(scored)} candidates)")
+    return best
+
+
+def _measurable(space: TaskSpace, cfg: Config, prof: Profiler) -> bool:
+    if isinstance(prof, ReplayProfiler):
+        try:
+            sub = space.subspace(cfg.impl)
+        except KeyError:
+            return False
+        return sub.contains(cfg.point)
+    return True
+
+
+def _finish(outcome: TaskOutcome, prof: Profiler, g: tuple[str, int, int], reps: int,
+            synthesized: SynthSource | None) -> None:
+    o = outcome
+    if o.searched is not None and o.deployed is not None:
+        tuned = _apply(o.deployed, g)
+        m = prof.measure(o.key, o.size, tuned, reps)
+        o.deployed, o.chosen_measure = tuned, m
+        if o.default is not None and m.time_us > o.default_measure.time_us:
+            keep = _apply(o.default, g)
+            if keep != tuned:
+                km = prof.measure(o.key, o.size, keep, reps)
+                if km.time_us < m.time_us:
+                    o.deployed, o.chosen_measure = keep, km
+                    o.notes.append("tuned settings lost under the process-wide knobs: NCCL's choice kept")
+    cands: list[SynthCandidate] = []
+    replay_synth = getattr(prof, "synthesized_measures", None)
+    if replay_synth is not None:
+        cands += [SynthCandidate(n, m) for n, m in replay_synth(o.key, o.size).items()]
+    if synthesized is not None:
+        cands += list(synthesized(o.key, o.size))
+    for cand in cands:
+        if cand.measurement.time_us < o.chosen_measure.time_us:
+            o.synthesized, o.chosen_measure = cand, cand.measurement
+    if o.deployed is None and o.default is None:
+        o.notes.append("NCCL keeps its own choice here (no configuration known to pin)")
+
+
+def _global_env(g: tuple[str, int, int], outcomes: list[TaskOutcome], facts: list[FabricFacts]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    deployed = [o.deployed for o in outcomes if o.deployed is not None and o.searched is not None]
+    if not deployed:
+        return env
+    transport, threads, buff = g
+    if any(c.impl.protocol != "LL128" for c in deployed) and threads != DEFAULT_THREADS:
+        env["NCCL_NTHREADS"] = str(threads)
+    if any(c.impl.protocol == "Simple" for c in deployed) and buff != DEFAULT_BUFFSIZE:
+        env["NCCL_BUFFSIZE"] = str(buff)
+    if transport != "p2p":
+        env.update(transport_env(transport))
+    most = max(c.channels for c in deployed)
+    if most > min(default_channels(f) for f in facts):
+        # The communicator must build enough channels for the tuner to hand out (NCCL caps the
+        # tuner's count at the channels it set up; NCCL_MIN_NCHANNELS, NCCL env docs).
+        env["NCCL_MIN_NCHANNELS"] = str(most)
+    return env
+
+
+__all__ = ["NCCL_CONF_FILE", "TUNER_FILE", "SynthCandidate", "TaskOutcome", "TuningResult", "make_profiler", "tune_tasks"]

@@ -1,0 +1,463 @@
+"""A Kubernetes stand-in for the operator's end-to-end tests: KMock plus what a cluster would do.
+
+KMock's KubernetesEmulator stores objects and serves list/watch/get/create/patch/delete over HTTP on
+127.0.0.1. It has no controllers, no status subresource, no metadata bookkeeping and no label
+filtering. Where a real cluster would act, this harness plays the part explicitly:
+
+* API server: uid, creationTimestamp, generation (bumped on spec change), resourceVersion, and the
+  status subresource (PATCH .../status changes only status; the main endpoint ignores status);
+  callers are identified by their bearer token, like service accounts.
+* CRD registration: the CRDs in crds/*.yaml become served resources (apiextensions' job).
+* Garbage collector: objects whose every owner is gone are deleted (background propagation).
+* Kubelet + Job controller: a Job's container command runs as a local process; its exit code sets
+  the Job's status (Complete/Failed), or a test makes the "node" fail it with a reason.
+* kubelet for agents: the agent DaemonSet's pods are not scheduled; tests start agent processes.
+
+Every request is recorded (identity, method, path, verb) for the Helm chart's RBAC test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kmock
+import yaml
+from kmock._internal import enums
+
+REPO = Path(__file__).resolve().parents[2]
+CRDS = REPO / "crds"
+
+CORE = {
+    "v1/nodes": ("Node", False),
+    "v1/pods": ("Pod", True),
+    "v1/configmaps": ("ConfigMap", True),
+    "v1/events": ("Event", True),
+    "v1/namespaces": ("Namespace", False),
+    "v1/serviceaccounts": ("ServiceAccount", True),
+    "apps/v1/daemonsets": ("DaemonSet", True),
+    "batch/v1/jobs": ("Job", True),
+    "events.k8s.io/v1/events": ("Event", True),
+    "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations": ("MutatingWebhookConfiguration", False),
+    "admissionregistration.k8s.io/v1/validatingwebhookconfigurations": ("ValidatingWebhookConfiguration", False),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False),
+}
+VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+IDENTITIES = ("operator", "agent", "plan-job", "harness")
+
+
+def _verb(method: str, name: str | None, params: dict[str, str]) -> str:
+    if method == "GET":
+        return "watch" if params.get("watch") in ("true", "1") else ("get" if name else "list")
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(
+        method, "delete" if name else "deletecollection")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
+    """KubernetesEmulator + the API server duties listed in the module docstring."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.api_log: list[dict[str, Any]] = []
+        self.status_subresource: set[str] = set()  # "group/version/plural"
+        self.rv = 0
+
+    def _key(self, request: Any) -> str:
+        r = request.resource
+        return f"{r.group}/{r.version}/{r.plural}"
+
+    async def _handle(self, request: Any) -> Any:
+        auth = request.headers.get("Authorization", "")
+        who = auth.removeprefix("Bearer ").strip() or "anonymous"
+        if request.resource is not None and request.resource.plural:  # discovery needs no RBAC
+            r = request.resource
+            self.api_log.append({
+                "identity": who, "method": str(request.method.value).upper(), "path": request.url.path,
+                "verb": _verb(str(request.method.value).upper(), request.name, dict(request.params)),
+                "group": r.group or "", "version": r.version, "resource": r.plural,
+                "subresource": request.subresource or "", "namespace": request.namespace or "",
+            })
+        if request.resource is not None:
+            self._play_apiserver(request)
+        return await super()._handle(request)
+
+    def _play_apiserver(self, request: Any) -> None:
+        data = request.data
+        self.rv += 1
+        if request.action == enums.action.CREATE and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", _now())
+            meta["generation"] = 1
+            meta["resourceVersion"] = str(self.rv)
+            if request.namespace:
+                meta.setdefault("namespace", request.namespace)
+        elif request.action == enums.action.UPDATE and isinstance(data, dict) and request.name:
+            has_status = self._key(request) in self.status_subresource
+            if has_status and request.subresource == "status":
+                for key in [k for k in data if k not in ("status", "metadata")]:
+                    del data[key]
+            elif has_status:
+                data.pop("status", None)
+            current = self._current(request)
+            meta = data.setdefault("metadata", {}) if isinstance(data.get("metadata", {}), dict) else {}
+            meta["resourceVersion"] = str(self.rv)
+            if current is not None and "spec" in data:
+                merged = _merge(current.get("spec") or {}, data["spec"])
+                if merged != (current.get("spec") or {}):
+                    meta["generation"] = int(current.get("metadata", {}).get("generation") or 1) + 1
+
+    def _current(self, request: Any) -> dict[str, Any] | None:
+        for (res, ns, name), obj in self.objects.items():
+            if res == request.resource and ns == request.namespace and name == request.name and not obj.deleted:
+                return dict(obj.raw)
+        return None
+
+    def live(self) -> list[tuple[Any, str | None, str, dict[str, Any]]]:
+        return [(res, ns, name, obj.raw) for (res, ns, name), obj in list(self.objects.items()) if not obj.deleted]
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    if not isinstance(base, dict) or not isinstance(patch, dict):
+        return patch
+    out = dict(base)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge(base.get(k), v)
+    return out
+
+
+class Cluster:
+    """The emulator in a background thread, a sync client, and the controllers we play."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self.server: ApiServer | None = None
+        self.port = 0
+        self.kubelet = Kubelet(self)
+        self.gc_enabled = True
+        self._thread = threading.Thread(target=self._run, name="kmock", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(20):
+            raise RuntimeError("KMock did not start")
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": "Bearer harness"}, timeout=30)
+        self._register_builtin()
+
+    # -- the emulator thread -------------------------------------------------------------
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        async with ApiServer() as srv, kmock.Server(srv) as server:
+            self.server = srv
+            self.port = server.port
+            self._ready.set()
+            tasks = [asyncio.create_task(self._garbage_collector()), asyncio.create_task(self.kubelet.run())]
+            await self._stop.wait()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _garbage_collector(self) -> None:
+        """Plays kube-controller-manager's garbage collector (background deletion)."""
+        assert self.server is not None
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.port}",
+                                     headers={"Authorization": "Bearer harness"}) as client:
+            while True:
+                await asyncio.sleep(0.2)
+                if not self.gc_enabled:
+                    continue
+                live = self.server.live()
+                uids = {raw.get("metadata", {}).get("uid") for *_, raw in live}
+                for res, ns, name, raw in live:
+                    owners = raw.get("metadata", {}).get("ownerReferences") or []
+                    if owners and all(o.get("uid") not in uids for o in owners):
+                        await client.delete(_path(res, ns, name))
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+        self.http.close()
+
+    # -- setup ------------------------------------------------------------------------------
+    def _register_builtin(self) -> None:
+        assert self.server is not None
+        for key, (kind, namespaced) in CORE.items():
+            self.server.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS)
+        self.server.resources["apps/v1/daemonsets"].subresources.add("status")
+        self.server.resources["batch/v1/jobs"].subresources.add("status")
+
+    def load_crds(self) -> list[str]:
+        """Apply crds/*.yaml and serve them (what apiextensions-apiserver does on a real cluster)."""
+        assert self.server is not None
+        names = []
+        for path in sorted(CRDS.glob("*.yaml")):
+            crd = yaml.safe_load(path.read_text())
+            self.create(crd)
+            spec = crd["spec"]
+            for version in spec["versions"]:
+                key = f"{spec['group']}/{version['name']}/{spec['names']['plural']}"
+                subs = set(version.get("subresources") or {})
+                self.server.resources[key] = kmock.ResourceInfo(
+                    kind=spec["names"]["kind"], singular=spec["names"]["singular"],
+                    namespaced=spec["scope"] == "Namespaced", verbs=VERBS,
+                    shortnames=set(spec["names"].get("shortNames") or []), subresources=subs)
+                if "status" in subs:
+                    self.server.status_subresource.add(key)
+            names.append(crd["metadata"]["name"])
+        return names
+
+    def kubeconfig(self, identity: str) -> Path:
+        """A kubeconfig whose bearer token names the caller (how the log tells clients apart)."""
+        path = self.workdir / f"kubeconfig-{identity}"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+            "users": [{"name": identity, "user": {"token": identity}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": identity}}],
+        }))
+        return path
+
+    # -- a sync client (the harness's own requests are logged as identity "harness") ---------
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        resp = self.http.post(_collection(obj["apiVersion"], _plural(obj), meta.get("namespace")), json=obj)
+        _check(resp)
+        result: dict[str, Any] = resp.json()
+        return result
+
+    def get(self, api_version: str, plural: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        resp = self.http.get(_collection(api_version, plural, namespace) + f"/{name}")
+        if resp.status_code == 404:
+            return None
+        _check(resp)
+        result: dict[str, Any] = resp.json()
+        return result
+
+    def list(self, api_version: str, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        resp = self.http.get(_collection(api_version, plural, namespace))
+        _check(resp)
+        return list(resp.json().get("items") or [])
+
+    def patch(self, api_version: str, plural: str, name: str, body: dict[str, Any],
+              namespace: str | None = None, subresource: str = "") -> dict[str, Any]:
+        path = _collection(api_version, plural, namespace) + f"/{name}" + (f"/{subresource}" if subresource else "")
+        resp = self.http.patch(path, json=body, headers={"Content-Type": "application/merge-patch+json"})
+        _check(resp)
+        result: dict[str, Any] = resp.json()
+        return result
+
+    def delete(self, api_version: str, plural: str, name: str, namespace: str | None = None) -> None:
+        resp = self.http.delete(_collection(api_version, plural, namespace) + f"/{name}")
+        if resp.status_code != 404:
+            _check(resp)
+
+    def wait(self, what: str, fn: Callable[[], Any], timeout: float = 60, every: float = 0.2) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = fn()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(every)
+
+    def api_log(self) -> list[dict[str, Any]]:
+        assert self.server is not None
+        return list(self.server.api_log)
+
+
+class Kubelet:
+    """Plays kubelet and the Job controller for plan Jobs: runs the container command locally."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.hold = False  # tests hold Jobs pending to act "mid-plan"
+        self.fail_with: tuple[str, str] | None = None  # (reason, message) the "node" fails Jobs with
+        self.started: list[str] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        srv = self.cluster.server
+        assert srv is not None
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.cluster.port}",
+                                     headers={"Authorization": "Bearer harness"}, timeout=60) as client:
+            while True:
+                await asyncio.sleep(0.2)
+                if self.hold:
+                    continue
+                for res, ns, name, raw in srv.live():
+                    if res.plural != "jobs" or raw.get("status") or f"{ns}/{name}" in self.started:
+                        continue
+                    self.started.append(f"{ns}/{name}")
+                    task = asyncio.create_task(self._run_job(client, ns, name, raw))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+
+    async def _run_job(self, client: httpx.AsyncClient, ns: str | None, name: str, job: dict[str, Any]) -> None:
+        path = _path_for("batch/v1", "jobs", ns, name) + "/status"
+        await client.patch(path, json={"status": {"active": 1, "startTime": _now()}},
+                           headers={"Content-Type": "application/merge-patch+json"})
+        if self.fail_with is not None:
+            reason, message = self.fail_with
+            await self._finish(client, path, ok=False, reason=reason, message=message)
+            return
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        argv = list(container.get("command") or []) + list(container.get("args") or [])
+        if argv and argv[0] == "python":
+            argv[0] = sys.executable
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig("plan-job"))}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        log = open(self.cluster.workdir / f"job-{name}.log", "wb")  # noqa: SIM115
+        proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+        code = await proc.wait()
+        log.close()
+        await self._finish(client, path, ok=code == 0, reason="BackoffLimitExceeded",
+                           message=f"Job has reached the specified backoff limit (exit code {code})")
+
+    async def _finish(self, client: httpx.AsyncClient, path: str, *, ok: bool, reason: str, message: str) -> None:
+        cond = ({"type": "Complete", "status": "True", "lastTransitionTime": _now()} if ok else
+                {"type": "Failed", "status": "True", "reason": reason, "message": message,
+                 "lastTransitionTime": _now()})
+        status = {"active": 0, "succeeded" if ok else "failed": 1, "conditions": [cond]}
+        await client.patch(path, json={"status": status}, headers={"Content-Type": "application/merge-patch+json"})
+
+
+class Process:
+    """A child process (operator or agent) with its log in the work dir."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log_path = log
+        self._log = open(log, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup handlers run, as when a node dies or the pod is OOM-killed."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+    def stop(self, timeout: float = 10) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+    def tail(self, n: int = 60) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+
+def operator_env(cluster: Cluster, **overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLTUNE_")}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    env.update({
+        "KUBECONFIG": str(cluster.kubeconfig("operator")),
+        "CCLTUNE_NAMESPACE": "ccltune-system",
+        "CCLTUNE_METRICS_PORT": "0",
+        "CCLTUNE_WEBHOOK_INSECURE": "true",
+        "CCLTUNE_WEBHOOK_ADDR": "127.0.0.1",
+        "CCLTUNE_WEBHOOK_PORT": str(free_port()),
+        "CCLTUNE_RETRY_SECONDS": "0.5",
+        "CCLTUNE_TOPOLOGY_TIMEOUT_SECONDS": "60",
+    })
+    env.update(overrides)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_operator(cluster: Cluster, env: dict[str, str], name: str = "operator") -> Process:
+    argv = [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces",
+            "--log-format=json", "-m", "ccltune.controller.main"]
+    return Process(argv, env, cluster.workdir / f"{name}.log")
+
+
+def save_api_log(entries: list[dict[str, Any]], path: Path) -> None:
+    """Merge into the JSON file: a sorted, de-duplicated list of request records."""
+    seen: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        with contextlib.suppress(ValueError):
+            for e in json.loads(path.read_text()):
+                seen[json.dumps(e, sort_keys=True)] = e
+    for e in entries:
+        if e["identity"] == "harness":
+            continue
+        seen[json.dumps(e, sort_keys=True)] = e
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([seen[k] for k in sorted(seen)], indent=1) + "\n")
+
+
+@contextlib.contextmanager
+def cluster_at(workdir: Path) -> Iterator[Cluster]:
+    c = Cluster(workdir)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _plural(obj: dict[str, Any]) -> str:
+    kind = obj["kind"]
+    for key, (k, _) in CORE.items():
+        if k == kind and key.rsplit("/", 1)[0] == obj["apiVersion"]:
+            return key.rsplit("/", 1)[1]
+    return {"CCLTuning": "ccltunings", "NodeTopology": "nodetopologies"}.get(kind, kind.lower() + "s")
+
+
+def _collection(api_version: str, plural: str, namespace: str | None) -> str:
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
+
+
+def _path_for(api_version: str, plural: str, namespace: str | None, name: str) -> str:
+    return _collection(api_version, plural, namespace) + f"/{name}"
+
+
+def _path(res: Any, ns: str | None, name: str) -> str:
+    api_version = f"{res.group}/{res.version}" if res.group else res.version
+    return _path_for(api_version, res.plural, ns, name)
+
+
+def _check(resp: httpx.Response) -> None:
+    if resp.status_code >= 400:
+        raise AssertionError(f"{resp.request.method} {resp.request.url.path}: {resp.status_code} {resp.text[:300]}")

@@ -1,0 +1,98 @@
+"""The DaemonSet and Job the operator writes: strict schema validation and affinity from targets."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ccltune.api.ccltuning import CCLTuningSpec
+from ccltune.controller import daemonset, jobs
+from ccltune.controller.config import load_config
+
+K8S = kubernetes_validate.latest_version()
+GPU = ("nvidia.com/gpu.present", "true")
+
+
+def spec(**nodes: object) -> CCLTuningSpec:
+    return CCLTuningSpec.model_validate({"collectives": [{"op": "allreduce"}], "nodes": nodes})
+
+
+def test_daemonset_validates_strict() -> None:
+    cfg = load_config({"CCLTUNE_AGENT_PRIORITY_CLASS": "system-node-critical"})
+    terms = daemonset.node_terms([spec(names=["b", "a"]), spec(selector={"pool": "h100"}), spec()], GPU)
+    body = daemonset.render(cfg, terms)
+    kubernetes_validate.validate(body, K8S, strict=True)
+    pod = body["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["volumes"][0]["hostPath"]["path"] == "/sys"
+
+
+def test_strict_validation_catches_a_typo() -> None:
+    body = daemonset.render(load_config({}), daemonset.node_terms([spec()], GPU))
+    body["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(body, K8S, strict=True)
+
+
+def test_terms_per_target_kind() -> None:
+    terms = daemonset.node_terms([spec(names=["n2", "n1", "n1"]), spec(selector={"rack": "r1", "pool": "a"})], GPU)
+    assert {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}]} in terms
+    assert {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]},
+                                 {"key": "rack", "operator": "In", "values": ["r1"]}]} in terms
+    assert daemonset.node_terms([spec(), spec()], GPU) == [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]
+
+
+def _selected(terms: list[dict], node: str, labels: dict[str, str]) -> bool:
+    """nodeSelectorTerms semantics: terms ORed, requirements inside a term ANDed."""
+    def req_ok(r: dict, value: str | None) -> bool:
+        return value is not None and value in r["values"]
+    for term in terms:
+        ok = all(req_ok(r, node) for r in term.get("matchFields", []))
+        ok = ok and all(req_ok(r, labels.get(r["key"])) for r in term.get("matchExpressions", []))
+        if ok:
+            return True
+    return False
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(
+    st.lists(st.sampled_from([f"n{i}" for i in range(6)]), min_size=1, max_size=3).map(lambda n: ("names", n)),
+    st.sampled_from(["r0", "r1"]).map(lambda r: ("selector", {"rack": r})),
+), min_size=1, max_size=4))
+def test_affinity_covers_exactly_the_targets(targets: list[tuple[str, object]]) -> None:
+    nodes = {f"n{i}": {"rack": f"r{i % 2}"} for i in range(6)}
+    specs = [spec(**{kind: value}) for kind, value in targets]
+    terms = daemonset.node_terms(specs, GPU)
+    expected = set()
+    for kind, value in targets:
+        if kind == "names":
+            expected |= set(value)  # type: ignore[arg-type]
+        else:
+            expected |= {n for n, lab in nodes.items() if lab["rack"] == value["rack"]}  # type: ignore[index]
+    assert {n for n, lab in nodes.items() if _selected(terms, n, lab)} == expected
+    kubernetes_validate.validate(daemonset.render(load_config({}), terms), K8S, strict=True)
+
+
+def test_job_manifest_is_deterministic_and_valid() -> None:
+    cfg = load_config({})
+    payload = {"format": 1, "name": "t", "spec": {"a": 1}, "cluster": {"b": 2}}
+    names = jobs.JobNames(jobs.input_hash(payload, "ns"))
+    assert names == jobs.JobNames(jobs.input_hash(dict(reversed(payload.items())), "ns"))
+    assert names != jobs.JobNames(jobs.input_hash(payload, "other"))
+    body = jobs.job_manifest(names, cfg, "uid-1", 3600)
+    kubernetes_validate.validate(body, K8S, strict=True)
+    kubernetes_validate.validate(jobs.input_configmap(names, payload, "ccltune-system", "uid-1"), K8S, strict=True)
+    assert body["metadata"]["name"] == names.job and len(names.job) <= 63
+    assert body["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "ccltune.controller.planjob"
+
+
+def test_job_failure_reads_the_failed_condition() -> None:
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                                         "message": "too long"}]}}
+    assert jobs.job_failure(failed) == ("DeadlineExceeded", "too long")
+    assert jobs.job_failure({"status": {"active": 1}}) is None
+    assert jobs.job_succeeded({"status": {"succeeded": 1}})

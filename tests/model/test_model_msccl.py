@@ -1,0 +1,394 @@
+"""MSCCL XML: round trip IR -> XML -> IR on random correct schedules, schema sanity, errors."""
+
+from __future__ import annotations
+
+import random
+import xml.etree.ElementTree as ET
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ccltune.api.common import Collective
+from ccltune.model.check import check_schedule
+from ccltune.model.ir import Schedule, Transfer
+from ccltune.model.msccl import MscclFormatError, from_msccl_xml, to_msccl_xml
+
+ALGO = ("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace",
+        "minBytes", "maxBytes")  # fmt: skip
+STEP = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
+SENDS = {"s", "rcs", "rrs", "rrcs"}
+RECVS = {"r", "rcs", "rrs", "rrc", "rrcs"}
+
+
+def _extra(rng: random.Random, i: int) -> tuple[int, ...]:
+    return (rng.randrange(i),) if i and rng.random() < 0.2 else ()
+
+
+def random_copy_schedule(rng: random.Random, coll: Collective, n: int, c: int) -> Schedule:
+    """allgather / broadcast / alltoall: chunks spread along random trees (relays for alltoall)."""
+    root = rng.randrange(n) if coll == Collective.BROADCAST else 0
+    s = Schedule("rand", coll, n, c, root=root)
+    if coll == Collective.BROADCAST and rng.random() < 0.5:
+        got = {root: None}  # move the whole buffer as one block per hop
+        while len(got) < n:
+            h = rng.choice(sorted(got))
+            x = rng.choice([r for r in range(n) if r not in got])
+            deps = ((got[h],) if got[h] is not None else ()) + _extra(rng, len(s.transfers))
+            got[x] = s.add(Transfer(h, x, 0, c, deps=tuple(sorted(set(deps))),
+                                    channel=rng.randrange(2)))  # fmt: skip
+        return s
+    holders: dict[int, dict[int, int | None]] = {}
+    targets: dict[int, set[int]] = {}
+    for k in range(s.total_chunks):
+        if coll == Collective.ALLGATHER:
+            holders[k], targets[k] = {k // c: None}, set(range(n))
+        elif coll == Collective.BROADCAST:
+            holders[k], targets[k] = {root: None}, set(range(n))
+        else:
+            src, dst = k // (n * c), (k // c) % n
+            holders[k], targets[k] = {src: None}, {dst}
+    todo = [k for k in holders if not targets[k] <= set(holders[k])]
+    while todo:
+        k = rng.choice(todo)
+        have = holders[k]
+        h = rng.choice(sorted(have))
+        missing = sorted(targets[k] - set(have))
+        others = [r for r in range(n) if r not in have]
+        x = rng.choice(missing) if rng.random() < 0.7 or len(have) > 3 else rng.choice(others)
+        deps = ((have[h],) if have[h] is not None else ()) + _extra(rng, len(s.transfers))
+        have[x] = s.add(Transfer(h, x, k, deps=tuple(sorted(set(deps))), channel=rng.randrange(2)))
+        todo = [k for k in holders if not targets[k] <= set(holders[k])]
+    return s
+
+
+def _reduce_up(
+    rng: random.Random,
+    s: Schedule,
+    k: int,
+    v: int,
+    parent: dict[int, int],
+    order: list[int],
+    into: dict[int, list[int]],
+) -> None:
+    """Post-order: v's subtree reduces into v, then v reduces into its parent."""
+    kids = [u for u in order if parent.get(u) == v]
+    rng.shuffle(kids)
+    for u in kids:
+        _reduce_up(rng, s, k, u, parent, order, into)
+    if v not in parent:
+        return
+    p = parent[v]
+    deps = set(into[v][-1:]) | set(into[p][-1:]) | set(_extra(rng, len(s.transfers)))
+    into[p].append(s.add(Transfer(v, p, k, reduce=True, deps=tuple(sorted(deps)),
+                                  channel=rng.randrange(2))))  # fmt: skip
+
+
+def random_reduce_schedule(rng: random.Random, coll: Collective, n: int, c: int) -> Schedule:
+    """reducescatter / allreduce: a random reduction tree per chunk, then (allreduce) a random
+    broadcast tree back out. Reduces into one rank are chained so writes stay ordered."""
+    s = Schedule("rand", coll, n, c)
+    for k in range(s.total_chunks):
+        owner = k // c if coll == Collective.REDUCESCATTER else rng.randrange(n)
+        order = [owner, *rng.sample([r for r in range(n) if r != owner], n - 1)]
+        parent = {v: rng.choice(order[:i]) for i, v in enumerate(order) if i}
+        into: dict[int, list[int]] = {v: [] for v in order}  # transfers reducing into v
+        _reduce_up(rng, s, k, owner, parent, order, into)
+        if coll == Collective.ALLREDUCE:
+            got = {owner: into[owner][-1] if into[owner] else None}
+            while len(got) < n:
+                h = rng.choice(sorted(got))
+                x = rng.choice([r for r in range(n) if r not in got])
+                deps = {d for d in (got[h], *into[x][-1:]) if d is not None}
+                got[x] = s.add(
+                    Transfer(h, x, k, deps=tuple(sorted(deps)), channel=rng.randrange(2))
+                )
+    return s
+
+
+@st.composite
+def correct_schedules(draw: st.DrawFn) -> Schedule:
+    coll = draw(st.sampled_from(list(Collective)))
+    n = draw(st.integers(2, 5))
+    c = draw(st.integers(1, 3))
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    if coll in (Collective.REDUCESCATTER, Collective.ALLREDUCE):
+        return random_reduce_schedule(rng, coll, n, c)
+    return random_copy_schedule(rng, coll, n, c)
+
+
+def per_chunk(s: Schedule) -> Counter[tuple[int, int, int, bool, int]]:
+    return Counter(
+        (t.src, t.dst, k, t.reduce, t.channel)
+        for t in s.transfers
+        for k in range(t.chunk, t.chunk + t.count)
+    )
+
+
+def schema_problems(xml: str) -> list[str]:
+    """Independent sanity check of what the executor needs (not using msccl.py's parser)."""
+    out: list[str] = []
+    algo = ET.fromstring(xml)
+    out += [f"algo lacks {a}" for a in ALGO if a not in algo.attrib]
+    sends: dict[tuple[int, int, int], list[int]] = {}
+    recvs: dict[tuple[int, int, int], list[int]] = {}
+    for gpu in algo.iter("gpu"):
+        g = int(gpu.get("id", -1))
+        out += [f"gpu {g} lacks {a}" for a in ("id", "i_chunks", "o_chunks", "s_chunks")
+                if a not in gpu.attrib]  # fmt: skip
+        size = {"i": int(gpu.get("i_chunks", 0)), "o": int(gpu.get("o_chunks", 0)),
+                "s": int(gpu.get("s_chunks", 0))}  # fmt: skip
+        tbs = gpu.findall("tb")
+        if [int(tb.get("id", -1)) for tb in tbs] != list(range(len(tbs))):
+            out.append(f"gpu {g} tb ids not 0..{len(tbs) - 1}")
+        seen: set[tuple[str, int, int]] = set()
+        for tb in tbs:
+            out += [
+                f"gpu {g} tb lacks {a}"
+                for a in ("id", "send", "recv", "chan")
+                if a not in tb.attrib
+            ]
+            t, snd, rcv, ch = (int(tb.get(a, -9)) for a in ("id", "send", "recv", "chan"))
+            for kind, peer in (("send", snd), ("recv", rcv)):
+                if peer >= 0:
+                    if (kind, peer, ch) in seen:
+                        out.append(f"gpu {g}: two tbs {kind} peer {peer} chan {ch}")
+                    seen.add((kind, peer, ch))
+            for i, stp in enumerate(tb.findall("step")):
+                out += [f"gpu {g} tb {t} step {i} lacks {a}" for a in STEP if a not in stp.attrib]
+                typ, cnt = stp.get("type"), int(stp.get("cnt", 0))
+                if int(stp.get("s", -1)) != i:
+                    out.append(f"gpu {g} tb {t} step {i}: s={stp.get('s')}")
+                if typ in SENDS:
+                    if snd < 0:
+                        out.append(f"gpu {g} tb {t} step {i}: send without send peer")
+                    sends.setdefault((g, snd, ch), []).append(cnt)
+                if typ in RECVS:
+                    if rcv < 0:
+                        out.append(f"gpu {g} tb {t} step {i}: recv without recv peer")
+                    recvs.setdefault((rcv, g, ch), []).append(cnt)
+                dep_tb, dep_s = int(stp.get("depid", -1)), int(stp.get("deps", -1))
+                if dep_tb >= 0:
+                    target = tbs[dep_tb].findall("step")[dep_s]
+                    if target.get("hasdep") != "1" or dep_tb == t:
+                        out.append(f"gpu {g} tb {t} step {i}: bad dependency {dep_tb}/{dep_s}")
+                for b, o, used in (("srcbuf", "srcoff", typ in {"s", "rrc", "cpy"}),
+                                   ("dstbuf", "dstoff", typ in {"r", "rrc", "cpy"})):  # fmt: skip
+                    buf, off = stp.get(b, "?"), int(stp.get(o, -1))
+                    if used and not (off >= 0 and off + cnt <= size.get(buf, -1)):
+                        out.append(f"gpu {g} tb {t} step {i}: {b} {buf}[{off}+{cnt}] out of bounds")
+    if sends != recvs:
+        out.append(f"unmatched sends/recvs: {set(sends) ^ set(recvs)} or counts differ")
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(correct_schedules(), st.sampled_from(["Simple", "LL", "LL128"]), st.booleans())
+def test_round_trip_random_correct_schedules(s: Schedule, proto: str, inplace: bool) -> None:
+    check_schedule(s)  # the generator makes correct schedules; the checker must agree
+    inplace = inplace and s.collective != Collective.ALLTOALL
+    xml = to_msccl_xml(
+        s, name="rt", proto=proto, inplace=inplace, min_bytes=1024, max_bytes=1 << 20
+    )
+    assert schema_problems(xml) == []
+    back = from_msccl_xml(xml)
+    check_schedule(back)
+    assert back.collective == s.collective and back.nranks == s.nranks
+    assert back.chunks_per_rank == s.chunks_per_rank and back.root == s.root
+    assert back.protocol == proto
+    assert per_chunk(back) == per_chunk(s)
+    # the imported schedule exports again (its deps are now what each rank can enforce)
+    again = from_msccl_xml(to_msccl_xml(back, name="rt", proto=proto, inplace=inplace))
+    assert per_chunk(again) == per_chunk(s)
+
+
+def ring_allgather(n: int) -> Schedule:
+    s = Schedule("ring", Collective.ALLGATHER, n, 1)
+    for o in range(n):
+        prev: tuple[int, ...] = ()
+        for step in range(n - 1):
+            r = (o + step) % n
+            prev = (s.add(Transfer(r, (r + 1) % n, o, deps=prev)),)
+    return s
+
+
+def test_ring_allgather_lowering_is_what_msccl_tools_would_write() -> None:
+    xml = to_msccl_xml(ring_allgather(3), name="ring3", proto="Simple", max_bytes=65536)
+    algo = ET.fromstring(xml)
+    assert dict(algo.attrib) == {
+        "name": "ring3", "proto": "Simple", "nchannels": "1", "nchunksperloop": "3", "ngpus": "3",
+        "coll": "allgather", "inplace": "0", "outofplace": "1", "minBytes": "0",
+        "maxBytes": "65536",
+    }  # fmt: skip
+    gpu0 = algo.find("gpu")
+    assert gpu0 is not None
+    assert dict(gpu0.attrib) == {"id": "0", "i_chunks": "1", "o_chunks": "3", "s_chunks": "0"}
+    tbs = gpu0.findall("tb")
+    # one tb for the ring neighbours (send 1, recv 2) and one for the local input->output copy
+    assert [(tb.get("send"), tb.get("recv")) for tb in tbs] == [("-1", "-1"), ("1", "2")]
+    ring = [(x.get("type"), x.get("srcbuf"), x.get("srcoff"), x.get("dstbuf"), x.get("dstoff"))
+            for x in tbs[1].findall("step")]  # fmt: skip
+    # transfers run in level order (Kahn): own chunk out, then both arrivals, then the forward
+    assert ring == [
+        ("s", "i", "0", "o", "0"),  # own chunk straight from the input
+        ("r", "i", "0", "o", "2"),  # src names the sender's slot (gpu 2's input)
+        ("r", "o", "1", "o", "1"),  # gpu 1's chunk, forwarded by gpu 2 from its output
+        ("s", "o", "2", "o", "2"),  # forward what arrived from gpu 2
+    ]
+    copy = tbs[0].findall("step")
+    assert [(x.get("type"), x.get("srcbuf"), x.get("dstbuf"), x.get("dstoff")) for x in copy] == [
+        ("cpy", "i", "o", "0")
+    ]
+    assert "/>" in xml and " />" not in xml
+
+
+def test_cross_threadblock_dependencies_use_nops_and_hasdep() -> None:
+    # rank 1 receives chunks 0, 2, 3 from three peers (three recv tbs, at most one shared with
+    # its send tb), then sends chunk 0 to rank 4 waiting on all three: >= 1 nop is needed.
+    n = 5
+    s = Schedule("join", Collective.ALLGATHER, n, 1)
+    recvd = [s.add(Transfer(k, 1, k)) for k in (0, 2, 3)]
+    s.add(Transfer(1, 4, 0, deps=tuple(recvd)))
+    have = {0: {0, 1, 4}, 1: {1}, 2: {2, 1}, 3: {3, 1}, 4: {4}}
+    for k in range(n):
+        for r in range(n):
+            if r not in have[k]:
+                s.add(Transfer(k, r, k))
+    check_schedule(s)
+    xml = to_msccl_xml(s, name="join", proto="LL")
+    assert schema_problems(xml) == []
+    gpu1 = ET.fromstring(xml).findall("gpu")[1]
+    steps = [(tb.get("send"), tb.get("recv"), x.attrib) for tb in gpu1.findall("tb")
+             for x in tb.findall("step")]  # fmt: skip
+    nops = [x for _, _, x in steps if x["type"] == "nop"]
+    assert len(nops) == 1 and nops[0]["depid"] != "-1"
+    assert sum(x["hasdep"] == "1" for _, _, x in steps) >= 2
+    back = from_msccl_xml(xml)
+    check_schedule(back)
+    assert per_chunk(back) == per_chunk(s)
+
+
+def test_relay_through_scratch() -> None:
+    # alltoall chunk 0->2 relayed by rank 1, which does not output it: it must sit in scratch.
+    n, c = 3, 1
+    s = Schedule("relay", Collective.ALLTOALL, n, c)
+    hop = s.add(Transfer(0, 1, 2))  # chunk (0*3+2) = 2 goes 0 -> 1 ...
+    s.add(Transfer(1, 2, 2, deps=(hop,)))  # ... -> 2
+    for src in range(n):
+        for dst in range(n):
+            if src != dst and (src, dst) != (0, 2):
+                s.add(Transfer(src, dst, (src * n + dst) * c))
+    check_schedule(s)
+    xml = to_msccl_xml(s, name="relay", proto="Simple")
+    gpu1 = ET.fromstring(xml).findall("gpu")[1]
+    assert gpu1.get("s_chunks") == "1"
+    bufs = {(x.get("type"), x.get("dstbuf")) for x in gpu1.iter("step")}
+    assert ("r", "s") in bufs
+    assert per_chunk(from_msccl_xml(xml)) == per_chunk(s)
+
+
+def test_export_refuses_wrong_schedules_and_bad_options() -> None:
+    bad = ring_allgather(3)
+    bad.transfers.pop()
+    with pytest.raises(ValueError, match="wrong: missing"):
+        to_msccl_xml(bad, name="x", proto="Simple")
+    with pytest.raises(MscclFormatError, match="proto 'fast'"):
+        to_msccl_xml(ring_allgather(3), name="x", proto="fast")
+    with pytest.raises(MscclFormatError, match="nchannels=1 but the schedule uses 2"):
+        s = ring_allgather(3)
+        s.transfers[0] = Transfer(0, 1, 0, channel=1)
+        to_msccl_xml(s, name="x", proto="Simple", nchannels=1)
+    a2a = Schedule("a", Collective.ALLTOALL, 2, 1, [Transfer(0, 1, 1), Transfer(1, 0, 2)])
+    with pytest.raises(MscclFormatError, match="in-place alltoall"):
+        to_msccl_xml(a2a, name="x", proto="Simple", inplace=True)
+
+
+def test_export_enforces_executor_step_limit() -> None:
+    s = Schedule("long", Collective.ALLGATHER, 2, 100)
+    for k in range(200):
+        s.add(Transfer(k // 100, 1 - k // 100, k, deps=(k - 1,) if k % 100 else ()))
+    # 100 sends + 100 receives per tb are fine ...
+    to_msccl_xml(s, name="x", proto="Simple")
+    s.chunks_per_rank = 300
+    s.transfers = []
+    for k in range(600):
+        s.add(Transfer(k // 300, 1 - k // 300, k, deps=(k - 1,) if k % 300 else ()))
+    with pytest.raises(MscclFormatError, match="needs 600 steps; the executor allows 256"):
+        to_msccl_xml(s, name="x", proto="Simple")
+
+
+GOOD = to_msccl_xml(ring_allgather(3), name="ring3", proto="Simple")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda x: x.replace(' maxBytes="0"', ""), "<algo>: missing attribute 'maxBytes'"),
+        (lambda x: x.replace('ngpus="3"', 'ngpus="three"'), "ngpus='three' is not an integer"),
+        (
+            lambda x: x.replace('coll="allgather"', 'coll="gather"'),
+            "coll='gather' is not supported",
+        ),
+        (lambda x: x.replace('proto="Simple"', 'proto="XL"'), "proto='XL'"),
+        (lambda x: x.replace("<algo", "<alg").replace("</algo>", "</alg>"), "expected <algo>"),
+        (lambda x: x[:-20], "not well-formed XML"),
+        (lambda x: x.replace('type="r"', 'type="q"', 1), "type='q' is not one of"),
+        (
+            lambda x: x.replace('hasdep="0"/>', 'hasdep="0" />').replace(
+                ' cnt="1" depid', " depid", 1
+            ),
+            "missing attribute 'cnt'",
+        ),
+        (
+            lambda x: x.replace('<step s="1" type="r"', '<step s="1" type="s"', 1),
+            "gpu 0 sends 3 times to gpu 1 on channel 0 but gpu 1 receives 2 times from it",
+        ),
+        (
+            lambda x: x.replace('depid="-1" deps="-1"', 'depid="0" deps="7"', 1),
+            "depends on tb 0 step 7, which does not exist",
+        ),
+        (
+            lambda x: x.replace('srcoff="0" dstbuf="o"', 'srcoff="5" dstbuf="o"', 1),
+            r"src i\[5..5\] outside the 1-chunk 'i' buffer",
+        ),
+        (lambda x: x.replace('<step s="1"', '<step s="4"', 1), "s=4 does not match its position 1"),
+        (lambda x: x.replace('<gpu id="2"', '<gpu id="1"'), "id is duplicated"),
+    ],
+)
+def test_import_errors_name_the_element(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(MscclFormatError, match=message):
+        from_msccl_xml(mutate(GOOD))
+
+
+def test_import_detects_deadlock_and_silent_dependencies() -> None:
+    # gpu 0's ring tb first waits on its copy tb's step 0, which never signals (hasdep=0)
+    algo = ET.fromstring(GOOD)
+    gpu0 = algo.findall("gpu")[0]
+    ring_tb = gpu0.findall("tb")[1]
+    first = ring_tb.findall("step")[0]
+    first.set("depid", "0")
+    first.set("deps", "0")
+    with pytest.raises(MscclFormatError, match="hasdep=0 and so never signals"):
+        from_msccl_xml(ET.tostring(algo, encoding="unicode"))
+    # and if it does signal but the copy waits for the ring's last step: a cycle
+    copy = gpu0.findall("tb")[0].findall("step")[0]
+    copy.set("hasdep", "1")
+    copy.set("depid", "1")
+    copy.set("deps", "3")
+    ring_tb.findall("step")[3].set("hasdep", "1")
+    with pytest.raises(MscclFormatError, match="deadlock"):
+        from_msccl_xml(ET.tostring(algo, encoding="unicode"))
+
+
+def test_import_rejects_reading_empty_buffers() -> None:
+    # gpu 0 forwards from output slot 1 before anything arrived there
+    text = GOOD.replace(
+        '<step s="0" type="s" srcbuf="i" srcoff="0"',
+        '<step s="0" type="s" srcbuf="o" srcoff="1"',
+        1,
+    )
+    with pytest.raises(
+        MscclFormatError, match=r"gpu 0 tb 1 step 0: reads o\[1\], which holds no data"
+    ):
+        from_msccl_xml(text)
