@@ -50,7 +50,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--tunings", type=int, default=50)
     parser.add_argument("--nodes-per-tuning", type=int, default=16)
-    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--max-bytes", default="256K", help="allreduce size range is 64K..this")
+    parser.add_argument("--timeout", type=float, default=3600)
     args = parser.parse_args()
 
     base = probe("template", FIXTURE / "sysfs", ReplayNvml(FIXTURE / "nvml.json")).spec
@@ -77,8 +78,8 @@ def main() -> None:
                           "metadata": {"name": f"job-{j:03d}", "namespace": f"team-{j % 5}"},
                           "spec": {"selector": {"matchLabels": {"job": f"job-{j:03d}"}},
                                    "nodes": {"names": names},
-                                   "collectives": [{"op": "allreduce", "minBytes": "1M", "maxBytes": "1G"},
-                                                   {"op": "allgather", "minBytes": "1M", "maxBytes": "1G"}]}})
+                                   "collectives": [{"op": "allreduce", "minBytes": "64K",
+                                                    "maxBytes": args.max_bytes}]}})
 
             def ready() -> int:
                 n = 0
@@ -98,11 +99,11 @@ def main() -> None:
         finally:
             op.stop()
 
-    print("| NodeTopology objects | CCLTunings | GPUs per tuning | time to all Ready (s) | "
-          "operator peak RSS (MiB) | operator API requests |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    print(f"| {args.nodes} | {args.tunings} | {8 * args.nodes_per_tuning} | {all_ready_s:.1f} | "
-          f"{peak:.0f} | {requests} |")
+    print("| NodeTopology objects | CCLTunings | GPUs per tuning | allreduce sizes | "
+          "time to all Ready (s) | operator peak RSS (MiB) | operator API requests |")
+    print("|---:|---:|---:|---|---:|---:|---:|")
+    print(f"| {args.nodes} | {args.tunings} | {8 * args.nodes_per_tuning} | 64K..{args.max_bytes} | "
+          f"{all_ready_s:.1f} | {peak:.0f} | {requests} |")
     print()
     print(f"(setup of {args.nodes} Nodes + NodeTopologies: {setup_s:.1f}s, not counted; measured)")
     print(f"machine: nproc={__import__('os').cpu_count()}, python {platform.python_version()}, {cpu_model()}")

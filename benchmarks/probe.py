@@ -35,6 +35,13 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def measure(name: str, repeat: int) -> dict[str, float]:
     base = FIXTURES / name
     probe("bench", base / "sysfs", ReplayNvml(base / "nvml.json"))  # warm the page cache
@@ -78,7 +85,8 @@ def main() -> None:
         "",
         "Command: `.venv/bin/python benchmarks/probe.py --repeat " + str(args.repeat) + "`",
         "",
-        f"Machine: nproc={nproc}, {sys.version.split()[0]} (`python -V`), CPU: {cpu_model()}",
+        f"Machine: nproc={nproc}, {sys.version.split()[0]} (`python -V`), CPU: {cpu_model()}, "
+        f"load average at the end: {load_average()}",
         "",
         "Not measured here: live NVML (nvmlInit and per-link queries on a real driver) and a real /sys",
         "with hundreds of PCI functions; the agent reads link attributes only for the devices it reports.",

@@ -112,53 +112,77 @@ def machine() -> str:
     return f"nproc={os.cpu_count()}, Python {platform.python_version()}, CPU: {cpu}"
 
 
+def cases(topo: ClusterTopology, quick: bool) -> tuple[list[tuple[str, int, int, object]], str]:
+    """(schedule label, ranks, chunks/rank, builder) for each case, and a note on the source."""
+    sizes = [(512, 8)] if quick else [(512, 8), (512, 64)]
+    out: list[tuple[str, int, int, object]] = []
+    try:
+        from ccltune.model.baselines import ring_allgather
+
+        for n, c in sizes:
+            out.append(("nccl-ring (baselines)", n, c, lambda c=c: ring_allgather(topo, chunks=c)))
+        note = "nccl-ring: ccltune.model.baselines.ring_allgather (NCCL ring order, 1 channel)"
+    except ImportError:
+        note = "ccltune.model.baselines not available: only the script's own ring is run"
+    for n, c in sizes:
+        out.append(("serialized-ring (script)", n, c, lambda n=n, c=c: ring_allgather_arrays(n, c)))
+    return out, note
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="small cases only")
+    ap.add_argument("--quick", action="store_true", help="512 x 8 only")
     ap.add_argument("--engine", default="auto", choices=["auto", "heap", "batch"])
     ap.add_argument("--write", action="store_true", help="write benchmarks/results/simulator.md")
     args = ap.parse_args()
     notes = []
     try:
-        from ccltune.topology.presets import load_preset  # type: ignore[import-not-found]
+        from ccltune.topology.presets import load_preset
 
         topo = load_preset("h800-rail-512")
         notes.append("topology: preset h800-rail-512")
     except (ImportError, KeyError, ValueError) as exc:
         topo = fallback_h800_rail(64)
         notes.append(f"topology: built in this script ({topo.name}); preset unavailable: {exc}")
-    notes.append("schedule: single-channel NCCL-style ring built as flat arrays in this script")
+    todo, note = cases(topo, args.quick)
+    notes.append(f"schedules: {note}; serialized-ring: ranks in index order, each rank's sends "
+                 "one after another (built here as flat arrays)")  # fmt: skip
     router = Router(topo)
-    cases = [(64, 8), (512, 8)] if args.quick else [(64, 8), (512, 8), (512, 64)]
     rows = []
-    for n, c in cases:
+    for label, n, c, build in todo:
         t0 = time.perf_counter()
-        sched = ring_allgather_arrays(n, c)
+        sched = build()  # type: ignore[operator]
         t1 = time.perf_counter()
+        cpu = time.process_time()
         res = simulate(sched, topo, SIZE, SIMPLE, router, engine=args.engine)
+        cpu = time.process_time() - cpu
         t2 = time.perf_counter()
         algbw = SIZE / (res.time_us * 1e3)
         rows.append(
-            (n, c, res.transfers, res.events, t1 - t0, t2 - t1, res.events / (t2 - t1),
+            (label, n, c, res.transfers, res.events, t1 - t0, t2 - t1, cpu, res.events / (t2 - t1),
              res.time_us, algbw * (n - 1) / n, res.engine)
         )  # fmt: skip
-        print(f"done {n}x{c}: {t2 - t1:.1f}s", file=sys.stderr, flush=True)
+        print(f"done {label} {n}x{c}: {t2 - t1:.1f}s", file=sys.stderr, flush=True)
     head = (
-        "| ranks | chunks/rank | transfers | events | build s | wall s | events/s "
-        "| simulated time us | simulated busbw GB/s | engine |"
+        "| schedule | ranks | chunks/rank | transfers | events | build s | wall s | cpu s "
+        "| events/s (wall) | simulated time us | simulated busbw GB/s | engine |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         lines.append(
-            f"| {r[0]} | {r[1]} | {r[2]:,} | {r[3]:,} | {r[4]:.2f} | {r[5]:.2f} | {r[6]:,.0f} "
-            f"| {r[7]:,.1f} | {r[8]:.2f} | {r[9]} |"
+            f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:,} | {r[4]:,} | {r[5]:.1f} | {r[6]:.1f} "
+            f"| {r[7]:.1f} | {r[8]:,.0f} | {r[9]:,.1f} | {r[10]:.2f} | {r[11]} |"
         )
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     out = "\n".join(
         [
-            f"Ring allgather, {SIZE} bytes, protocol {SIMPLE.name} "
-            f"(efficiency {SIMPLE.efficiency}, step latency {SIMPLE.step_latency_us} us)",
+            f"Ring allgather, {SIZE} bytes (nccl-tests size), protocol {SIMPLE.name} "
+            f"(efficiency {SIMPLE.efficiency}, step latency {SIMPLE.step_latency_us} us); "
+            "busbw = algbw * (n-1)/n (nccl-tests); all times simulated except the wall/cpu columns",
             *notes,
-            f"machine: {machine()}",
+            f"machine: {machine()}; load average at the end: {load:.1f}",
+            "wall s / cpu s: simulate() only (routing, array preparation and events), "
+            "build s: constructing the schedule",
             "",
             *lines,
         ]
@@ -166,9 +190,8 @@ def main() -> int:
     print(out)
     if args.write:
         Path(__file__).with_name("results").joinpath("simulator.md").write_text(
-            "# Simulator benchmark\n\nCommand: `.venv/bin/python benchmarks/simulator.py --write`\n\n"
-            + out
-            + "\n"
+            "# Simulator benchmark\n\nCommand: `.venv/bin/python benchmarks/simulator.py --write`"
+            "\n\n" + out + "\n"
         )
     return 0
 

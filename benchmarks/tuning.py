@@ -118,7 +118,7 @@ def simulated(quick: bool) -> tuple[dict[str, Tally], dict[str, dict[str, Tally]
                             first = i
                     for tally in (total[s], per[name][s]):
                         tally.tasks += 1
-                        tally.hits += true[res.best] <= WITHIN * opt
+                        tally.hits += int(true[res.best] <= WITHIN * opt)
                         if first is not None:
                             tally.to_2pct.append(first)
                         tally.trials_pct.append(100.0 * res.n_trials / len(space))
@@ -146,12 +146,14 @@ def replayed() -> list[str]:
             true = {c: configs[c][size] for c in present}
             opt = min(true.values())
             budget = max(1, len(space) // 10)
+            def evaluate(c: Config, r: int, key: TaskKey = key, size: int = size) -> float:
+                return prof.measure(key, size, c, r).time_us
+
             for s in SEARCHERS:
-                res = make_searcher(s).search(space, lambda c, r, key=key, size=size: prof.measure(key, size, c, r).time_us,
-                                              budget, seed=11)
+                res = make_searcher(s).search(space, evaluate, budget, seed=11)
                 t = tally[s]
                 t.tasks += 1
-                t.hits += prof.measure(key, size, res.best).time_us <= WITHIN * opt
+                t.hits += int(prof.measure(key, size, res.best).time_us <= WITHIN * opt)
                 t.trials_pct.append(100.0 * res.n_trials / len(space))
                 t.measurements += res.n_measurements
     lines += ["| searcher | within 2% | median trials to 2% | trials used (% of exhaustive) | measurements | gain vs default |",
@@ -166,13 +168,13 @@ def replayed() -> list[str]:
     lines.append("| nccl-tests logs (NDv4 8xA100, allreduce) | sizes | MSCCL chosen | geomean speedup vs stock NCCL | best |")
     lines.append("|---|---|---|---|---|")
     for inplace in (False, True):
-        res = tune_tasks([TaskKey(collective="allreduce", min_bytes=128, max_bytes=32 << 20, ranks=8, nodes=1)],
+        tuned = tune_tasks([TaskKey(collective="allreduce", min_bytes=128, max_bytes=32 << 20, ranks=8, nodes=1)],
                          load_preset("dgx-a100-1"), profiler=f"replay:{tmp}", collective="allreduce", ranks=8,
                          nodes=1, inplace=inplace, budget=1)
-        chosen = sum(1 for t in res.tasks if t.synthesized)
-        geo = math.exp(statistics.mean(math.log(t.speedup) for t in res.tasks))
-        best = max(res.tasks, key=lambda t: t.speedup)
-        lines.append(f"| {'in-place' if inplace else 'out-of-place'} (replayed) | {len(res.tasks)} | {chosen} | "
+        chosen = sum(1 for t in tuned.tasks if t.synthesized)
+        geo = math.exp(statistics.mean(math.log(t.speedup) for t in tuned.tasks))
+        best = max(tuned.tasks, key=lambda t: t.speedup)
+        lines.append(f"| {'in-place' if inplace else 'out-of-place'} (replayed) | {len(tuned.tasks)} | {chosen} | "
                      f"{geo:.3f}x | {best.speedup:.2f}x at {best.size} B |")
     return lines
 

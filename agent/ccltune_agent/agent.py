@@ -14,7 +14,7 @@ from ccltune.api.common import Condition
 from ccltune.topology.nccl_xml import write_nccl_xml
 
 from .health import Health, serve
-from .kube import KubeClient, with_backoff
+from .kube import ApiError, KubeClient, with_backoff
 from .nvml import NvmlSource, RealNvml, ReplayNvml
 from .probe import ProbeResult, probe
 from .publish import BASE, REPROBE_REQUEST, REPROBE_SERVED, Publisher
@@ -79,8 +79,20 @@ class Agent:
         # A cluster-scoped object may only be owned by a cluster-scoped one (owner-reference-v1-meta);
         # the Node is that owner: its NodeTopology goes when the node goes, not on agent restarts.
         if self.cfg.owner == "node":
-            node = await with_backoff("read Node", lambda: self.client.request(
-                "GET", f"/api/v1/nodes/{self.cfg.node_name}"), self.stop, self.cfg.backoff_base, self.cfg.backoff_cap)
+            path = f"/api/v1/nodes/{self.cfg.node_name}"
+
+            async def read_node() -> dict[str, Any]:
+                try:
+                    return await self.client.request("GET", path)
+                except ApiError as exc:
+                    if exc.status in (403, 404):  # no RBAC on nodes, or a wrong NODE_NAME: publish anyway
+                        log.error("cannot read %s for the owner reference (%s); publishing without owner",
+                                  path, exc)
+                        return {}
+                    raise
+
+            node = await with_backoff("read Node", read_node, self.stop, self.cfg.backoff_base,
+                                      self.cfg.backoff_cap)
             uid = ((node or {}).get("metadata") or {}).get("uid")
             return {"apiVersion": "v1", "kind": "Node", "name": self.cfg.node_name, "uid": uid} if uid else None
         if self.cfg.owner == "pod" and self.cfg.pod_name and self.cfg.pod_uid:
@@ -149,8 +161,12 @@ class Agent:
         assert self.publisher is not None
         publisher = self.publisher
         conds = conditions_for(result)
-        done = await with_backoff("publish NodeTopology", lambda: publisher.publish(result.spec, conds),
-                                  self.stop, self.cfg.backoff_base, self.cfg.backoff_cap)
+        try:
+            done = await with_backoff("publish NodeTopology", lambda: publisher.publish(result.spec, conds),
+                                      self.stop, self.cfg.backoff_base, self.cfg.backoff_cap)
+        except Exception:  # not an API error: a bug; keep the pod alive and try next cycle
+            log.exception("publishing failed; retrying at the next interval")
+            return
         if done is None:
             return
         self.health.ready = True

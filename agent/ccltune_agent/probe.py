@@ -36,7 +36,8 @@ _NVLINK_BY_CC: dict[tuple[int, int], tuple[int, float]] = {
     (9, 0): (4, 25.0), (10, 0): (5, 50.0),
 }
 _DIST_TO_ANCESTOR = {"PIX": "single", "PXB": "multiple", "PHB": "hostbridge", "SYS": "system"}
-MAX_NOTES = 32
+# Bounds of the NodeTopology schema (api/nodetopology.py): a report over them would be rejected.
+MAX_NOTES, MAX_NICS, MAX_PCI, MAX_GPUS = 32, 64, 1024, 64
 
 
 @dataclass
@@ -73,8 +74,16 @@ def probe(node_name: str, sysfs_root: Path | str = "/", nvml: NvmlSource | None 
     nics = read_nics(sys)
     numa = read_numa(sys)
     notes: list[str] = []
+    vfs = [n.name for n in nics if n.virtual_function]
+    if vfs:
+        # Host-side SR-IOV VFs (handed to pods by an SR-IOV plugin) are not rails of this node.
+        notes.append(f"{len(vfs)} SR-IOV virtual functions not listed as NICs: {', '.join(vfs[:8])}"[:1024])
+        nics = [n for n in nics if not n.virtual_function]
+    if len(nics) > MAX_NICS:
+        notes.append(f"{len(nics)} NICs found; only the first {MAX_NICS} (by name) are reported")
+        nics = sorted(nics, key=lambda n: n.name)[:MAX_NICS]
 
-    gpus = _gpus_from_nvml(snap, pci) if snap else _gpus_from_sysfs(pci)
+    gpus = (_gpus_from_nvml(snap, pci) if snap else _gpus_from_sysfs(pci))[:MAX_GPUS]
     if snap:
         notes.extend(f"NVML: {e}" for e in snap.errors[:8])
         for g in gpus:
@@ -89,7 +98,7 @@ def probe(node_name: str, sysfs_root: Path | str = "/", nvml: NvmlSource | None 
         while cur is not None and cur in pci and cur not in keep:
             keep.add(cur)
             cur = pci[cur].parent
-    kept = [pci[b] for b in sorted(keep) if b in pci]
+    kept = [pci[b] for b in sorted(keep) if b in pci][:MAX_PCI]
     for info in kept:
         read_pci_links(sys, info)
 
@@ -107,6 +116,10 @@ def probe(node_name: str, sysfs_root: Path | str = "/", nvml: NvmlSource | None 
 
     numa_ids = set(numa) | {i.numa_node for i in kept if i.numa_node >= 0}
     numa_nodes = [NumaNode(id=i, cpus=numa.get(i, "")) for i in sorted(numa_ids)]
+    if any(link.state == "up" for g in gpus for link in g.nvlinks):
+        notes.append("Sources: NIC rates and PCIe link speeds are what sysfs reports; NVLink bandwidthGbps "
+                     "is the nominal per-direction rate of the GPU architecture from NVIDIA datasheets "
+                     "(a bound, not measured).")
     if sys.warnings:
         notes.append(f"{len(sys.warnings)} sysfs entries skipped; first: {sys.warnings[0]}"[:1024])
     if nvml_error:

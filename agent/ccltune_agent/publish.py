@@ -62,10 +62,10 @@ class Publisher:
         self.path = f"{BASE}/{node_name}"
 
     def _metadata(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "name": self.name,
-            "labels": {"app.kubernetes.io/managed-by": "ccltune-agent", "ccltune.io/node": self.name[:63]},
-        }
+        labels = {"app.kubernetes.io/managed-by": "ccltune-agent"}
+        if len(self.name) <= 63:  # label values are capped at 63; longer node names keep only the name
+            labels["ccltune.io/node"] = self.name
+        meta: dict[str, Any] = {"name": self.name, "labels": labels}
         if self.pod:
             meta["annotations"] = {AGENT_POD: self.pod}
         if self.owner:

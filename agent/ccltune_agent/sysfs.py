@@ -27,11 +27,16 @@ class SysRoot:
 
     def __init__(self, root: Path | str = "/") -> None:
         self.root = Path(root)
+        self._root = str(self.root)  # plain strings: pathlib costs a third of a probe
+        self._real_root = os.path.realpath(self._root)
         self.touched: set[str] = set()
         self.warnings: list[str] = []
 
     def path(self, rel: str) -> Path:
         return self.root / rel.lstrip("/")
+
+    def _full(self, rel: str) -> str:
+        return os.path.join(self._root, rel.lstrip("/"))
 
     def warn(self, rel: str, what: str) -> None:
         msg = f"skipped /{rel.lstrip('/')}: {what}"
@@ -39,11 +44,11 @@ class SysRoot:
         log.warning("%s", msg)
 
     def exists(self, rel: str) -> bool:
-        return self.path(rel).exists()
+        return os.path.exists(self._full(rel))
 
     def listdir(self, rel: str) -> list[str]:
         try:
-            names = sorted(os.listdir(self.path(rel)))
+            names = sorted(os.listdir(self._full(rel)))
         except OSError:
             return []
         self.touched.add(rel.rstrip("/"))
@@ -51,7 +56,8 @@ class SysRoot:
 
     def read(self, rel: str) -> str | None:
         try:
-            text = self.path(rel).read_text(errors="replace").strip()
+            with open(self._full(rel), errors="replace") as fh:
+                text = fh.read().strip()
         except OSError:
             return None
         self.touched.add(rel)
@@ -59,12 +65,12 @@ class SysRoot:
 
     def resolve(self, rel: str) -> str | None:
         """Where a sysfs symlink points, as a root-relative path ('devices/pci0000:00/...')."""
-        full = self.path(rel)
-        if not full.exists():  # missing, or a dangling symlink
+        full = self._full(rel)
+        if not os.path.exists(full):  # missing, or a dangling symlink
             return None
         self.touched.add(rel)
         real = os.path.realpath(full)
-        root = os.path.realpath(self.root)
+        root = self._real_root
         if real != root and not real.startswith(root.rstrip("/") + "/"):
             return None
         return os.path.relpath(real, root)
@@ -120,6 +126,7 @@ class NicInfo:
     rdma: bool
     ports: list[Port] = field(default_factory=list)
     node_guid: str | None = None
+    virtual_function: bool = False  # an SR-IOV VF whose PF is visible in this OS (not a rail)
 
 
 def _int(sys: SysRoot, rel: str, required: bool = False) -> int | None:
@@ -217,6 +224,7 @@ def read_nics(sys: SysRoot) -> list[NicInfo]:
         netdevs = netdev_of_bus.get(ib_bus) or []
         nic = NicInfo(name=dev, netdev=netdevs[0] if netdevs else None, bus_id=ib_bus, rdma=True,
                       node_guid=_guid(sys.read(f"{rel}/node_guid")))
+        nic.virtual_function = sys.resolve(f"sys/bus/pci/devices/{ib_bus}/physfn") is not None
         for pname in sys.listdir(f"{rel}/ports"):
             port = _read_port(sys, f"{rel}/ports/{pname}", pname)
             if port is not None:
@@ -234,7 +242,9 @@ def read_nics(sys: SysRoot) -> list[NicInfo]:
             state = sys.read(f"{rel}/operstate") or "unknown"
             ports = [Port(port=1, rate_gbps=max(speed, 0) / 1000 if speed is not None else 0.0,
                           state=state.upper(), link_layer="Ethernet")]
-            nics.append(NicInfo(name=ifname, netdev=ifname, bus_id=bus, rdma=False, ports=ports))
+            vf = sys.resolve(f"sys/bus/pci/devices/{bus}/physfn") is not None
+            nics.append(NicInfo(name=ifname, netdev=ifname, bus_id=bus, rdma=False, ports=ports,
+                                virtual_function=vf))
     return nics
 
 

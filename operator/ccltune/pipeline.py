@@ -59,16 +59,12 @@ def _group(role: str, size: int, world: int, par: Parallelism | None) -> tuple[i
     """The first communicator of a role, in Megatron's rank order (TP innermost, then DP, PP)."""
     tp = par.tp if par else 1
     dp = par.dp if par else 1
-    if role == "world":
+    if role in ("world", "tp"):
         stride = 1
-    elif role == "tp":
-        stride = 1
-    elif role == "dp":
+    elif role in ("dp", "ep"):  # EP groups sit inside DP in Megatron's default order
         stride = tp if par else max(1, world // size)
-    elif role == "pp":
+    else:  # pp
         stride = tp * dp if par else max(1, world // size)
-    else:  # ep groups sit inside DP in Megatron's default order
-        stride = tp if par else 1
     ranks = tuple(i * stride for i in range(size))
     if ranks[-1] >= world:
         raise PlanError(
@@ -111,7 +107,7 @@ def expand_tasks(spec: CCLTuningSpec, topo: ClusterTopology) -> list[CollectiveT
             if getattr(par, role) < 2:
                 continue
             tasks += [
-                CollectiveTask(op=op, min_bytes=lo, max_bytes=hi, role=role)  # type: ignore[arg-type]
+                CollectiveTask(op=op, min_bytes=lo, max_bytes=hi, role=role)
                 for op, lo, hi in ops
             ]
         if not tasks:
@@ -119,7 +115,9 @@ def expand_tasks(spec: CCLTuningSpec, topo: ClusterTopology) -> list[CollectiveT
     return tasks
 
 
-def _task_key(task: CollectiveTask, index: int, spec: CCLTuningSpec, topo: ClusterTopology) -> tuple[TaskKey, Communicator]:
+def _task_key(
+    task: CollectiveTask, index: int, spec: CCLTuningSpec, topo: ClusterTopology
+) -> tuple[TaskKey, Communicator]:
     world = topo.world_size
     par = spec.parallelism
     try:
@@ -128,7 +126,9 @@ def _task_key(task: CollectiveTask, index: int, spec: CCLTuningSpec, topo: Clust
     except PlanError as exc:
         raise PlanError(f"spec.collectives[{index}]: {exc}") from None
     if size < 2:
-        raise PlanError(f"spec.collectives[{index}]: a {task.role} communicator of 1 rank has nothing to do")
+        raise PlanError(
+            f"spec.collectives[{index}]: a {task.role} communicator of 1 rank has nothing to do"
+        )
     nodes = len({r // topo.gpus_per_node for r in ranks})
     key = TaskKey(
         collective=task.op,
@@ -146,7 +146,9 @@ def _baseline_task(key: TaskKey, sub: ClusterTopology, progress: Progress) -> Pl
     estimates = []
     for size in size_points(key.min_bytes, key.max_bytes):
         est = default_estimate(key.collective, size, sub)
-        estimates.append(est.model_copy(update={"choice": nccl_default(key.collective, size, sub).choice}))
+        estimates.append(
+            est.model_copy(update={"choice": nccl_default(key.collective, size, sub).choice})
+        )
     default = nccl_default(key.collective, key.max_bytes, sub).choice
     return PlanTask(
         key=key,
@@ -182,9 +184,13 @@ def build_plan(
         sub = subcluster(cluster, comm.ranks)
         tasks.append(_baseline_task(key, sub, say))
     if tuning.synthesis.enabled:
-        notes.append("synthesis was requested but is not available in this build; NCCL baselines are used")
+        notes.append(
+            "synthesis was requested but is not available in this build; NCCL baselines are used"
+        )
     if tuning.tuning.enabled:
-        notes.append("tuning was requested but is not available in this build; NCCL defaults are used")
+        notes.append(
+            "tuning was requested but is not available in this build; NCCL defaults are used"
+        )
     env: dict[str, str] = {}
     topo_files, topo_notes = _topology_files(cluster)
     notes += topo_notes

@@ -29,3 +29,14 @@ def test_published_object_validates(name: str) -> None:
            "status": {"conditions": [c.model_copy(update={"last_transition_time": result.spec.probed_at}).wire()
                                      for c in conditions_for(result)]}}
     jsonschema.validate(obj, schema())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_operator_builds_a_cluster_from_the_reports(name: str) -> None:
+    """Contract with topology/from_nodes.py: two nodes' reports join into one ClusterTopology."""
+    from ccltune.topology.from_nodes import from_nodes
+
+    specs = [run_fixture(name, node=f"n{i}").spec for i in range(2)]
+    topo = from_nodes(specs, {f"n{i}": {"ccltune.io/leaf": "l0"} for i in range(2)})
+    assert [n.name for n in topo.nodes] == ["n0", "n1"]
+    assert all(n.gpus == len(specs[0].gpus) for n in topo.nodes)

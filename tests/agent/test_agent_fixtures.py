@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from agent_testlib import NAMES, run_fixture
 
 from ccltune.api.nodetopology import NodeTopologySpec
 from ccltune.topology.nccl_xml import parse_nccl_xml, write_nccl_xml
-
-from agent_testlib import NAMES, run_fixture
 
 
 def dist(spec: NodeTopologySpec, gpu: int, nic: str) -> str:
@@ -61,13 +60,13 @@ def test_hgx_h100_eight_rails() -> None:
 def test_v100_hybrid_cube_mesh() -> None:
     s = run_fixture("v100-sxm2-4").spec
     by_bus = {g.pci_bus_id: g.index for g in s.gpus}
-    count = Counter()
+    count: Counter[tuple[int, int]] = Counter()
     for g in s.gpus:
         assert len(g.nvlinks) == 6  # V100 has six NVLink bricks
         for ln in g.nvlinks:
             if ln.state == "up":
                 assert ln.remote_type == "gpu" and ln.bandwidth_gbps == 25.0
-                count[(g.index, by_bus[ln.remote_pci_bus_id])] += 1
+                count[(g.index, by_bus[str(ln.remote_pci_bus_id)])] += 1
     mesh = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (1, 2): 2, (1, 3): 1, (2, 3): 2}
     for (a, b), n in mesh.items():
         assert count[(a, b)] == count[(b, a)] == n
@@ -103,8 +102,8 @@ def test_flattened_vm_grouped_by_numa() -> None:
     for a in s.affinity:
         gpu, nic = s.gpus[a.gpu], next(n for n in s.nics if n.name == a.nic)
         assert a.distance == ("PHB" if gpu.numa_node == nic.numa_node else "SYS")
-    for gpu, nic in s.nic_binding.items():
-        assert s.gpus[int(gpu)].numa_node == next(n.numa_node for n in s.nics if n.name == nic)
+    for gpu_index, nic_name in s.nic_binding.items():
+        assert s.gpus[int(gpu_index)].numa_node == next(n.numa_node for n in s.nics if n.name == nic_name)
     assert len(set(s.nic_binding.values())) == 8
 
 

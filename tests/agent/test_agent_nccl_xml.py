@@ -24,7 +24,7 @@ def test_parses_the_azure_files() -> None:
     assert len(gpus) == 8 and len(nics) == 8
     assert {p.parent for p in gpus} == {"ffff:ff:01.0", "ffff:ff:02.0", "ffff:ff:03.0", "ffff:ff:04.0"}
     ncv4 = parse_nccl_xml((REAL / "azure-ncv4-topo.xml").read_text())
-    assert [(g.dev, g.sm, g.busid) for g in ncv4.gpus][0] == (0, 80, "0001:00:00.0")
+    assert next((g.dev, g.sm, g.busid) for g in ncv4.gpus) == (0, 80, "0001:00:00.0")
     assert ncv4.gpus[0].nvlinks[0].count == 12
     assert [(n.name, n.speed_mbps, n.busid, n.numaid) for n in ncv4.nets] == [("eth0", 100000, None, 0)]
     ndv5 = parse_nccl_xml((REAL / "azure-ndv5-topo.xml").read_text())

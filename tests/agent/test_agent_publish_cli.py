@@ -37,7 +37,7 @@ json_docs = st.recursive(json_leaf, lambda inner: st.one_of(
 objects = st.dictionaries(st.sampled_from("abcdef"), json_docs, max_size=5)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(objects, objects)
 def test_merge_diff_turns_old_into_new(old: dict, new: dict) -> None:
     assert apply_merge_patch(old, merge_diff(old, new)) == new
@@ -124,3 +124,29 @@ def test_cli_errors_are_one_line() -> None:
     assert res.returncode == 2 and "not a readable JSON file" in res.stderr and "Traceback" not in res.stderr
     res = run_cli("run", "--sysfs-root", str(FIXTURES / "v100-sxm2-4/sysfs"), "--kubeconfig", "/nope")
     assert res.returncode == 2 and "no API server" in res.stderr
+
+
+def test_cli_record_then_probe_the_recording(tmp_path) -> None:
+    fx = FIXTURES / "azure-ndv4-vm"
+    out = tmp_path / "capture"
+    res = run_cli("record", "--out", str(out), "--node-name", "vm1", "--sysfs-root", str(fx / "sysfs"),
+                  "--nvml-recording", str(fx / "nvml.json"))
+    assert res.returncode == 0, res.stderr
+    res = run_cli("probe", "--node-name", "vm1", "--sysfs-root", str(out / "sysfs"), "--nvml-recording",
+                  str(out / "nvml.json"), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["contentHash"] == json.loads((out / "nodetopology.json").read_text())["contentHash"]
+    assert json.loads(res.stdout)["pcieFlattened"] is True
+
+
+def test_liveness_fails_when_the_loop_stalls() -> None:
+    import time
+
+    from ccltune_agent.health import Health
+
+    h = Health(stall_after=0.05)
+    assert h.live() and not h.ready
+    time.sleep(0.08)
+    assert not h.live()
+    h.tick()
+    assert h.live()

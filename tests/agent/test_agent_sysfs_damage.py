@@ -76,3 +76,25 @@ def test_empty_root_gives_empty_report(tmp_path) -> None:
     r = probe("bare", tmp_path, None)
     assert r.spec.gpus == [] and r.spec.nics == [] and r.nvml_error
     assert conditions_for(r)[0].reason == "NvmlUnavailable"
+
+
+def test_sriov_virtual_functions_are_not_rails(fixture_copy) -> None:
+    root = fixture_copy("a40-pcie-8")
+    sysfs = root / "sysfs/sys"
+    pf = os.readlink(sysfs / "bus/pci/devices/0000:61:00.0")  # ../../../devices/.../0000:61:00.0
+    vf_dir = (sysfs / "bus/pci/devices" / pf).resolve().parent / "0000:61:00.2"
+    vf_dir.mkdir()
+    for name, value in (("class", "0x020000"), ("vendor", "0x15b3"), ("device", "0x101e"), ("numa_node", "0")):
+        (vf_dir / name).write_text(value + "\n")
+    os.symlink("../0000:61:00.0", vf_dir / "physfn")
+    os.symlink(os.path.relpath(vf_dir, sysfs / "bus/pci/devices"), sysfs / "bus/pci/devices/0000:61:00.2")
+    ib = sysfs / "class/infiniband/mlx5_2"
+    (ib / "ports/1").mkdir(parents=True)
+    os.symlink(os.path.relpath(vf_dir, ib), ib / "device")
+    (ib / "ports/1/rate").write_text("100 Gb/sec (4X EDR)\n")
+    (ib / "ports/1/state").write_text("4: ACTIVE\n")
+    (ib / "ports/1/link_layer").write_text("Ethernet\n")
+    r = run_fixture("a40-pcie-8", root.parent)
+    assert r.warnings == []
+    assert {n.name for n in r.spec.nics} == {"mlx5_0", "mlx5_1", "eno1"}
+    assert any("SR-IOV virtual functions not listed as NICs: mlx5_2" in n for n in r.spec.notes)

@@ -14,7 +14,9 @@ def test_checked_in_crds_match_the_models() -> None:
     for name, text in render_crds().items():
         path = ROOT / "crds" / name
         assert path.exists(), f"{path} missing: run `ccltune crds --out crds`"
-        assert path.read_text() == text, f"{path} drifted from the models: run `ccltune crds --out crds`"
+        assert path.read_text() == text, (
+            f"{path} drifted from the models: run `ccltune crds --out crds`"
+        )
 
 
 def _walk(schema: dict, path: str = "") -> list[tuple[str, dict]]:
@@ -37,7 +39,10 @@ def test_schemas_are_structural_and_bounded() -> None:
             assert "type" in node, f"{path} has no type"
             if node["type"] == "array":
                 assert "maxItems" in node, f"{path}: unbounded list (CEL cost)"
-            free_text = not {"enum", "format"} & node.keys() and path not in (".apiVersion", ".kind")
+            free_text = not {"enum", "format"} & node.keys() and path not in (
+                ".apiVersion",
+                ".kind",
+            )
             if node["type"] == "string" and free_text:
                 assert "maxLength" in node, f"{path}: unbounded string (CEL cost)"
             if isinstance(node.get("additionalProperties"), dict):

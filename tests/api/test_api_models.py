@@ -20,16 +20,20 @@ def _error(data: dict) -> str:
 
 
 def test_spec_errors_name_the_field() -> None:
-    assert _error({"collectives": [{"op": "allreduce", "minBytes": "1G", "maxBytes": "1K"}]}).startswith(
-        "spec.collectives[0]: minBytes (1G) is larger than maxBytes (1K)"
-    )
+    assert _error(
+        {"collectives": [{"op": "allreduce", "minBytes": "1G", "maxBytes": "1K"}]}
+    ).startswith("spec.collectives[0]: minBytes (1G) is larger than maxBytes (1K)")
     assert _error({"collectives": [{"op": "allsum"}]}).startswith("spec.collectives[0].op:")
-    assert "is not a positive size" in _error({"collectives": [{"op": "allreduce", "minBytes": "-5"}]})
+    assert "is not a positive size" in _error(
+        {"collectives": [{"op": "allreduce", "minBytes": "-5"}]}
+    )
     assert _error({"collectives": [{"op": "allreduce", "maxBytes": "0"}]}).startswith(
         "spec.collectives[0]: size must be positive"
     )
     assert _error({}) == "spec: spec needs collectives or parallelism to know what to plan"
-    assert "replayConfigMap" in _error({"collectives": [{"op": "allreduce"}], "tuning": {"profiler": "replay"}})
+    assert "replayConfigMap" in _error(
+        {"collectives": [{"op": "allreduce"}], "tuning": {"profiler": "replay"}}
+    )
     assert _error({"collectives": [{"op": "allreduce"}], "bogus": 1}).startswith("spec.bogus:")
 
 
@@ -46,7 +50,9 @@ def test_sizes_round_trip(n: int) -> None:
 
 
 def test_size_units_are_binary() -> None:
-    assert parse_size("1K") == 1024 and parse_size("64MiB") == 64 << 20 and parse_size("1G") == 1 << 30
+    assert (
+        parse_size("1K") == 1024 and parse_size("64MiB") == 64 << 20 and parse_size("1G") == 1 << 30
+    )
     for bad in ("", "1X", "-1", "0"):
         with pytest.raises(ValueError):
             parse_size(bad)
@@ -54,8 +60,12 @@ def test_size_units_are_binary() -> None:
 
 def test_condition_transition_time_moves_only_on_status_change() -> None:
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    conds = set_condition([], Condition(type="Ready", status="False", reason="Pending", last_transition_time=t0))
-    same = set_condition(conds, Condition(type="Ready", status="False", reason="StillPending", message="x"))
+    conds = set_condition(
+        [], Condition(type="Ready", status="False", reason="Pending", last_transition_time=t0)
+    )
+    same = set_condition(
+        conds, Condition(type="Ready", status="False", reason="StillPending", message="x")
+    )
     assert same[0].last_transition_time == t0 and same[0].reason == "StillPending"
     flipped = set_condition(same, Condition(type="Ready", status="True", reason="Published"))
     assert flipped[0].last_transition_time != t0 and len(flipped) == 1
@@ -63,7 +73,11 @@ def test_condition_transition_time_moves_only_on_status_change() -> None:
 
 def test_cluster_rejects_inconsistent_input() -> None:
     with pytest.raises(ValidationError, match="node 'b' has 4 GPUs but gpusPerNode is 8"):
-        ClusterTopology(name="x", gpus_per_node=8, nodes=[ClusterNode(name="a", gpus=8), ClusterNode(name="b", gpus=4)])
+        ClusterTopology(
+            name="x",
+            gpus_per_node=8,
+            nodes=[ClusterNode(name="a", gpus=8), ClusterNode(name="b", gpus=4)],
+        )
     with pytest.raises(ValidationError, match="dimensions multiply to 4 GPUs"):
         ClusterTopology(
             name="x",

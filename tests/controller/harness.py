@@ -85,6 +85,11 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
         return f"{r.group}/{r.version}/{r.plural}"
 
     async def _handle(self, request: Any) -> Any:
+        # KMock keeps every request for assertions and matches each new one by scanning them all
+        # (quadratic over a test). We keep our own log, so trim KMock's to the current request.
+        del self._requests[:-1]
+        for payload in self._payloads:
+            payload._requests.clear()
         auth = request.headers.get("Authorization", "")
         who = auth.removeprefix("Bearer ").strip() or "anonymous"
         if request.resource is not None and request.resource.plural:  # discovery needs no RBAC

@@ -33,7 +33,7 @@ SERVER_FIELDS = ("uid", "creationTimestamp", "generation", "resourceVersion", "o
 
 def tuning(name: str, ns: str, **spec: Any) -> dict[str, Any]:
     body = {"selector": {"matchLabels": {"app": name}},
-            "collectives": [{"op": "allreduce", "minBytes": "1M", "maxBytes": "64M"}], **spec}
+            "collectives": [{"op": "allreduce", "minBytes": "64K", "maxBytes": "128K"}], **spec}
     return {"apiVersion": GV, "kind": "CCLTuning", "metadata": {"name": name, "namespace": ns}, "spec": body}
 
 
@@ -60,8 +60,9 @@ def wait_condition(c: Cluster, op: Operator, ns: str, name: str, ctype: str, sta
         raise
 
 
-def offline_manifests(c: Cluster, doc: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
-    """What `ccltune plan` writes for the same spec on the cluster the agents reported."""
+def start_offline_plan(c: Cluster, doc: dict[str, Any], tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """Run `ccltune plan` for the same spec on the cluster the agents reported (in the background:
+    the pipeline is CPU-bound and the operator plans at the same time)."""
     reports = [NodeTopology.model_validate({"spec": r["spec"]}) for r in c.list(GV, "nodetopologies")
                if r["spec"]["nodeName"] in GPU_NODES]
     labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in c.list("v1", "nodes")}
@@ -69,8 +70,16 @@ def offline_manifests(c: Cluster, doc: dict[str, Any], tmp: Path) -> list[dict[s
     (tmp / "cluster.yaml").write_text(yaml.safe_dump(cluster.wire(), sort_keys=False))
     (tmp / "tuning.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     out = tmp / "plan"
-    subprocess.run([sys.executable, "-m", "ccltune", "plan", str(tmp / "tuning.yaml"), "--cluster",
-                    str(tmp / "cluster.yaml"), "--out", str(out)], check=True, capture_output=True)
+    proc = subprocess.Popen([sys.executable, "-m", "ccltune", "plan", str(tmp / "tuning.yaml"), "--cluster",
+                             str(tmp / "cluster.yaml"), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return proc, out
+
+
+def offline_manifests(started: tuple[subprocess.Popen[bytes], Path]) -> list[dict[str, Any]]:
+    proc, out = started
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output.decode(errors="replace")[-2000:]
     return list(yaml.safe_load_all((out / "manifests" / "configmaps.yaml").read_text()))
 
 
@@ -90,7 +99,8 @@ def test_example_reaches_ready_and_matches_offline(cluster: Cluster, operator: O
     doc = yaml.safe_load(EXAMPLE.read_text())
     ns, name = doc["metadata"]["namespace"], doc["metadata"]["name"]
     cluster.create(doc)
-    wait_condition(cluster, operator, ns, name, "Ready", "True")
+    offline = start_offline_plan(cluster, doc, tmp_path)
+    wait_condition(cluster, operator, ns, name, "Ready", "True", timeout=180)
     obj = cluster.get(GV, "ccltunings", name, ns)
     assert obj is not None
     status = obj["status"]
@@ -102,7 +112,7 @@ def test_example_reaches_ready_and_matches_offline(cluster: Cluster, operator: O
     assert conds["Synthesized"]["reason"] == "NotRequested"
     assert "(" in status["speedup"] and status["results"][0]["source"]
 
-    expected = offline_manifests(cluster, doc, tmp_path)
+    expected = offline_manifests(offline)
     assert published(cluster, ns, expected) == expected
     assert [m["name"] for m in status["configMaps"]] == [m["metadata"]["name"] for m in expected]
     owner = cluster.get("v1", "configmaps", expected[-1]["metadata"]["name"], ns)["metadata"]["ownerReferences"]  # type: ignore[index]
@@ -202,6 +212,7 @@ def test_plan_job_survives_restart_and_failure(cluster: Cluster, operator: Opera
     doc = tuning("big", ns, tuning={"enabled": True, "budget": 100})
     cluster.kubelet.hold = True  # Jobs stay pending: the plan is "in the middle"
     cluster.create(doc)
+    offline = start_offline_plan(cluster, doc, tmp_path)
     uid = cluster.get(GV, "ccltunings", "big", ns)["metadata"]["uid"]  # type: ignore[index]
 
     def ours() -> list[dict[str, Any]]:
@@ -217,7 +228,7 @@ def test_plan_job_survives_restart_and_failure(cluster: Cluster, operator: Opera
     wait_condition(cluster, operator, ns, "big", "Ready", "True", timeout=120)
     assert [j["metadata"]["name"] for j in ours()] == [job_name]
     assert [p for p in cluster.kubelet.started if p.endswith(job_name)] == [f"{OPERATOR_NS}/{job_name}"]
-    expected = offline_manifests(cluster, doc, tmp_path)
+    expected = offline_manifests(offline)
     assert published(cluster, ns, expected) == expected
 
     cluster.kubelet.fail_with = ("DeadlineExceeded", "Job was active longer than specified deadline")

@@ -79,3 +79,13 @@ def render_error(helm: Path, values: list[Path], sets: list[str]) -> str:
     proc = run_helm(helm, *template_args(values, sets))
     assert proc.returncode != 0, f"helm template with {sets} unexpectedly succeeded"
     return proc.stderr
+
+
+_cache: dict[Path, Rendered] = {}
+
+
+def render_cached(helm: Path, values: Path) -> Rendered:
+    """One values file rendered once per test session."""
+    if values not in _cache:
+        _cache[values] = render(helm, [values])
+    return _cache[values]

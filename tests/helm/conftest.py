@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from .chart import VALUES_FILES, Rendered, render
+from .chart import VALUES_FILES, Rendered, render_cached
 from .helm_binary import ToolDownloadRefused, helm_binary
 
 
@@ -18,14 +18,7 @@ def helm() -> Path:
         pytest.skip(f"helm unavailable: {exc}")
 
 
-_cache: dict[str, Rendered] = {}
-
-
 @pytest.fixture(scope="session", params=VALUES_FILES, ids=lambda p: p.name)
 def rendered(request: pytest.FixtureRequest, helm: Path) -> Rendered:
     """`helm template` output for one values file (rendered once per session)."""
-    path: Path = request.param
-    key = str(path)
-    if key not in _cache:
-        _cache[key] = render(helm, [path])
-    return _cache[key]
+    return render_cached(helm, request.param)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from . import pss
 from .chart import CHART, NAMESPACE, VALUES_FILES, Rendered, render, render_error, run_helm
@@ -87,13 +88,22 @@ def test_operator_deployment(rendered: Rendered) -> None:
     assert mounted["config"]["configMap"]["name"] in config_maps
 
 
-def test_operator_runs_the_controller_module(rendered: Rendered) -> None:
+def test_operator_command_parses_with_kopf(rendered: Rendered) -> None:
+    """The Deployment's `kopf run` arguments, parsed by kopf's own CLI (click), name the
+    controller module, a health endpoint on the probed port, and no peering."""
+    from kopf import cli
+
     (container,) = _operator_pod(rendered)["containers"]
-    argv = container["command"] + container["args"]
-    assert argv[:2] == ["kopf", "run"]
-    module = argv[argv.index("-m") + 1]
-    assert module.startswith("ccltune.controller.")
-    assert "--standalone" in argv, "one replica, no peering objects to grant RBAC for"
+    assert container["command"] == ["kopf", "run"]
+    params = cli.run.make_context("run", list(container["args"])).params
+    assert params["modules"] == ("ccltune.controller.main",)
+    assert params["standalone"], "one replica, no peering objects to grant RBAC for"
+    assert bool(params["clusterwide"]) != bool(params["namespaces"])
+    if params["namespaces"]:
+        assert NAMESPACE in params["namespaces"], "the agent DaemonSet repair handler lives there"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    endpoint = params["liveness_endpoint"]
+    assert endpoint == f"http://0.0.0.0:{ports['health']}{container['livenessProbe']['httpGet']['path']}"
 
 
 def _webhook_parts(r: Rendered) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -242,3 +252,33 @@ def test_bad_values_fail_with_a_message_naming_the_field(
     err = render_error(helm, [VALUES_FILES[0]], sets)
     assert expect in err, err
     assert "panic" not in err and "goroutine" not in err
+
+
+def test_refuses_clusters_older_than_the_crds_need(helm: Path) -> None:
+    proc = run_helm(helm, "template", "x", str(CHART), "--kube-version", "1.28.0")
+    assert proc.returncode != 0 and "kubeVersion" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.name)
+def test_notes_render_with_next_steps(helm: Path, values: Path) -> None:
+    proc = run_helm(helm, "install", "ccltune", str(CHART), "--dry-run=client", "-n", NAMESPACE,
+                    "-f", str(values))
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "kubectl apply --server-side" in notes, "the CRD upgrade step must be in NOTES"
+    assert "<no value>" not in notes
+
+
+def test_packaged_chart_renders_the_same(helm: Path, tmp_path: Path) -> None:
+    """`helm package` keeps crds/, the schema and every template (.helmignore drops nothing
+    needed)."""
+    proc = run_helm(helm, "package", str(CHART), "-d", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    (tgz,) = tmp_path.glob("ccltune-*.tgz")
+    packed = run_helm(helm, "template", "ccltune", str(tgz), "-n", NAMESPACE, "--include-crds")
+    assert packed.returncode == 0, packed.stderr
+    kinds = sorted(d["kind"] for d in yaml.safe_load_all(packed.stdout) if d)
+    direct = sorted(d["kind"] for d in render(helm, [VALUES_FILES[0]]).docs)
+    assert kinds == direct
+    bad = run_helm(helm, "template", "x", str(tgz), "--set", "webhook.failurePolicy=Maybe")
+    assert bad.returncode != 0, "values.schema.json must travel with the package"

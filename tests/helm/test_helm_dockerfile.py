@@ -8,8 +8,14 @@ import importlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -133,22 +139,81 @@ def test_project_console_scripts_resolve(name: str) -> None:
     assert callable(getattr(importlib.import_module(module), func))
 
 
+def _path_puts_venv_first() -> bool:
+    env = " ".join(rest for word, rest in _stages()[-1] if word == "ENV")
+    m = re.search(r"PATH=([^\s]+)", env)
+    return m is not None and m.group(1).split(":")[0] == "/opt/ccltune/bin"
+
+
 def test_commands_the_chart_and_operator_start_exist(rendered: Rendered) -> None:
-    scripts = _console_scripts()
-    dockerfile_cmd = [rest for word, rest in _stages()[-1] if word == "CMD"]
-    commands: list[list[str]] = [json.loads(c) for c in dockerfile_cmd]  # exec (JSON) form
-    for doc in rendered.of_kind("Deployment") + rendered.of_kind("Job") + rendered.of_kind("DaemonSet"):
-        for c in doc["spec"]["template"]["spec"]["containers"]:
-            commands.append(c["command"] + c.get("args", []))
+    """Every argv the chart, the agent DaemonSet and the plan Jobs start resolves in the image:
+    a console script of ours or kopf's, or the venv's python with an importable -m module."""
     from ccltune.controller.daemonset import render
+    from ccltune.controller.jobs import JobNames, job_manifest
 
     from .test_helm_config import operator_config
 
-    agent = render(operator_config(rendered), [])["spec"]["template"]["spec"]["containers"]
-    commands += [c["command"] for c in agent]
+    scripts = _console_scripts()
+    commands: list[list[str]] = [json.loads(rest) for word, rest in _stages()[-1] if word == "CMD"]
+    for doc in rendered.of_kind("Deployment"):
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            commands.append(c["command"] + c.get("args", []))
+    cfg = operator_config(rendered)
+    for workload in (render(cfg, []), job_manifest(JobNames("0" * 64), cfg, "uid", 60)):
+        for c in workload["spec"]["template"]["spec"]["containers"]:
+            commands.append(c["command"] + c.get("args", []))
     for argv in commands:
-        assert argv[0] in scripts, f"{argv[0]} is not a console script in the image"
+        if argv[0] == "python":
+            assert _path_puts_venv_first(), "`python` must be the venv's (PATH=/opt/ccltune/bin:...)"
+        else:
+            assert argv[0] in scripts, f"{argv[0]} is not a console script in the image"
         if "-m" in argv:
             module = argv[argv.index("-m") + 1]
             assert importlib.util.find_spec(module), f"{' '.join(argv)}: no module {module}"
 
+
+def _build_context(dest: Path) -> None:
+    """Copy what `docker build .` would send: the repository minus .dockerignore."""
+    patterns = _ignore_patterns()
+    has_negation = any(p.startswith("!") for p in patterns)
+    for root, dirs, files in os.walk(REPO_ROOT):
+        base = Path(root).relative_to(REPO_ROOT).as_posix()
+        rel = (lambda n: n) if base == "." else (lambda n: f"{base}/{n}")
+        # Prune ignored directories unless a `!` pattern could re-include something below them.
+        dirs[:] = [d for d in dirs if not _ignored(rel(d), patterns)
+                   or (has_negation and any(p.lstrip("!").startswith(rel(d) + "/")
+                                            for p in patterns if p.startswith("!")))]
+        for name in files:
+            if not _ignored(rel(name), patterns):
+                target = dest / rel(name)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(Path(root) / name, target)
+
+
+@pytest.mark.slow
+def test_image_package_holds_what_pods_start(tmp_path: Path) -> None:
+    """Build the wheel the Dockerfile installs, from the Docker build context, and check it holds
+    the console scripts and every module and data file the chart's pods start or read."""
+    ctx = tmp_path / "ctx"
+    _build_context(ctx)
+    assert not (ctx / ".venv").exists() and not (ctx / "tests").exists()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--disable-pip-version-check",
+         str(ctx), "-w", str(tmp_path / "dist")],
+        capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0 and re.search(r"Could not find a version|NewConnectionError|"
+                                          r"Temporary failure in name resolution", proc.stderr):
+        pytest.skip(f"build dependencies unavailable: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("ccltune-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
+    for module in ("ccltune.controller.main", "ccltune.controller.planjob", "ccltune.cli",
+                   "ccltune_agent.cli", "ccltune_agent.__main__"):
+        path = module.replace(".", "/")
+        assert {f"{path}.py", f"{path}/__init__.py"} & names, f"{module} missing from the image"
+    presets = [n for n in names if n.startswith("ccltune/topology/presets/") and n.endswith(".yaml")]
+    assert presets, "topology presets (package data) missing from the image"
+    for script in PYPROJECT["project"]["scripts"]:
+        assert f"{script} = " in entry_points

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .chart import NAMESPACE, VALUES_FILES, Rendered, render
+from .chart import NAMESPACE, VALUES_FILES, Rendered, render_cached
 from .helm_binary import REPO_ROOT
 from .rbac import Atom, Request, grants, request_from_record
 
@@ -114,7 +114,7 @@ def test_documented_rules_exist(helm: Path) -> None:
     """A DOCUMENTED entry whose rule left the chart is stale."""
     atoms: set[tuple[str, str, str, str]] = set()
     for values in VALUES_FILES:
-        r = render(helm, [values])
+        r = render_cached(helm, values)
         for component, granted in _grants(r).items():
             atoms |= {(component, a.group, a.resource, a.verb) for a in granted}
     stale = sorted(set(DOCUMENTED) - atoms)

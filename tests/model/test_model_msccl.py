@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ccltune.api.common import Collective
-from ccltune.model.check import check_schedule
+from ccltune.model.check import ScheduleError, check_schedule
 from ccltune.model.ir import Schedule, Transfer
 from ccltune.model.msccl import MscclFormatError, from_msccl_xml, to_msccl_xml
 
@@ -392,3 +392,26 @@ def test_import_rejects_reading_empty_buffers() -> None:
         MscclFormatError, match=r"gpu 0 tb 1 step 0: reads o\[1\], which holds no data"
     ):
         from_msccl_xml(text)
+
+
+@settings(max_examples=40, deadline=None)
+@given(correct_schedules(), st.data())
+def test_checker_rejects_a_dropped_or_duplicated_transfer(s: Schedule, data: st.DataObject) -> None:
+    """Every transfer of these generators is needed (alltoall may relay to a dead end, so not it):
+    dropping one must fail the check; repeating a reduce must double count or race."""
+    if s.collective == Collective.ALLTOALL or not s.transfers:
+        return
+    i = data.draw(st.integers(0, len(s.transfers) - 1))
+    dropped = Schedule(s.name, s.collective, s.nranks, s.chunks_per_rank, root=s.root)
+    for j, t in enumerate(s.transfers):
+        if j != i:
+            deps = tuple(d - (d > i) for d in t.deps if d != i)
+            dropped.add(Transfer(t.src, t.dst, t.chunk, t.count, t.reduce, deps, t.channel))
+    with pytest.raises(ScheduleError):
+        check_schedule(dropped)
+    t = s.transfers[i]
+    if t.reduce:
+        again = Schedule(s.name, s.collective, s.nranks, s.chunks_per_rank, list(s.transfers))
+        again.add(Transfer(t.src, t.dst, t.chunk, t.count, True, (len(s.transfers) - 1,)))
+        with pytest.raises(ScheduleError, match="double-counts|race|wrong"):
+            check_schedule(again)

@@ -28,7 +28,9 @@ def _restore(manifests: list[dict]) -> dict[str, str]:
         if item["key"] in cm.get("data", {}):
             out[item["path"]] = cm["data"][item["key"]]
         else:
-            out[item["path"]] = gzip.decompress(base64.b64decode(cm["binaryData"][item["key"]])).decode()
+            out[item["path"]] = gzip.decompress(
+                base64.b64decode(cm["binaryData"][item["key"]])
+            ).decode()
     return out
 
 
@@ -56,22 +58,38 @@ def test_same_files_same_generation() -> None:
     b = _plan({"report.md": "r", "nccl.conf": "A=1\n"})
     c = _plan({"nccl.conf": "A=2\n", "report.md": "r"})
     assert a.digest == b.digest != c.digest
-    assert render_configmaps(a, name="x", namespace="n") == render_configmaps(b, name="x", namespace="n")
+    assert render_configmaps(a, name="x", namespace="n") == render_configmaps(
+        b, name="x", namespace="n"
+    )
 
 
 def test_oversized_file_and_bad_paths_are_rejected() -> None:
     with pytest.raises(ValueError, match="over the ConfigMap limit"):
-        render_configmaps(_plan({"msccl/big.xml": "x" * (MAX_CONFIGMAP_BYTES + 1)}), name="x", namespace="n")
+        render_configmaps(
+            _plan({"msccl/big.xml": "x" * (MAX_CONFIGMAP_BYTES + 1)}), name="x", namespace="n"
+        )
     with pytest.raises(ValueError, match="cannot be a ConfigMap key"):
         config_key("msccl/a b.xml")
     with pytest.raises(ValueError, match="share a path"):
-        with_files(Plan(name="p", cluster="c", world_size=1, nodes=1, tasks=[]), [plan_file("a", "1"), plan_file("a", "2")])
+        with_files(
+            Plan(name="p", cluster="c", world_size=1, nodes=1, tasks=[]),
+            [plan_file("a", "1"), plan_file("a", "2")],
+        )
 
 
 def test_nccl_conf_and_injection_env() -> None:
-    text = render_nccl_conf({"NCCL_PROTO": "allreduce:LL128", "NCCL_ALGO": "ring"}, "plan p\nline two")
-    assert text.splitlines() == ["# plan p", "# line two", "NCCL_ALGO=ring", "NCCL_PROTO=allreduce:LL128"]
-    plan = _plan({"nccl.conf": text, "nccl-topo.xml": "<system/>", "msccl/a.xml": "<algo/>", "tuner.csv": ""})
+    text = render_nccl_conf(
+        {"NCCL_PROTO": "allreduce:LL128", "NCCL_ALGO": "ring"}, "plan p\nline two"
+    )
+    assert text.splitlines() == [
+        "# plan p",
+        "# line two",
+        "NCCL_ALGO=ring",
+        "NCCL_PROTO=allreduce:LL128",
+    ]
+    plan = _plan(
+        {"nccl.conf": text, "nccl-topo.xml": "<system/>", "msccl/a.xml": "<algo/>", "tuner.csv": ""}
+    )
     env = injection_env(plan.files, "/etc/ccltune")
     assert env == {
         "NCCL_CONF_FILE": "/etc/ccltune/nccl.conf",

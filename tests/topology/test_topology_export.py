@@ -13,7 +13,7 @@ from ccltune.topology.presets import list_presets, load_preset
 
 def test_describe_is_one_line() -> None:
     assert describe(load_preset("syccl-a800-32")) == (
-        "4 nodes x 8 A800-SXM4-80GB · switch 8 @ 200 GB/s · switch 2 @ 12.5 GB/s · switch 2 @ 12.5 GB/s"
+        "4 nodes x 8 A800-SXM4-80GB · switch 8 @ 200 GB/s · switch 4 @ 12.5 GB/s"
     )
     assert describe(load_preset("mi300x-8")) == "1 node x 8 MI300X · fully_connected 8 @ 448 GB/s"
     cube = describe(load_preset("v100-cubemesh-4"))

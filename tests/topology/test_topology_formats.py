@@ -57,8 +57,6 @@ def test_random_symmetric_clusters_round_trip_through_astra_sim(spec: ClusterSpe
     topo = from_spec(spec)
     assert topo.dimensions is not None, topo.asymmetry_reason
     tiers = spec.network.tiers
-    # The detected dimensions are the ones the spec describes.
-    assert [d.size for d in topo.dimensions] == [spec.gpus_per_server] + [t.size for t in tiers]
     if tiers:
         nic_share = spec.nics.per_server * spec.nics.rate_gbps / 8 / spec.gpus_per_server
         first = topo.dimensions[1].bandwidth_gbps
@@ -67,11 +65,20 @@ def test_random_symmetric_clusters_round_trip_through_astra_sim(spec: ClusterSpe
         if spec.pcie.bandwidth_gbps == 1000.0:
             assert first == pytest.approx(nic_share)
         # Each tier: the lower tier's rate, or the NIC share over the oversubscription so far.
-        share, expected = nic_share, [first]
+        share, expected = nic_share, [(tiers[0].size, first)]
         for t in tiers[1:]:
             share /= t.oversubscription
-            expected.append(min(expected[-1], share))
-        assert [d.bandwidth_gbps for d in topo.dimensions[1:]] == pytest.approx(expected)
+            bw = min(expected[-1][1], share)
+            if bw == pytest.approx(expected[-1][1], rel=1e-9):
+                expected[-1] = (expected[-1][0] * t.size, bw)  # non-blocking tier: same dimension
+            else:
+                expected.append((t.size, bw))
+        got = [(d.size, d.bandwidth_gbps) for d in topo.dimensions[1:]]
+        assert [g[0] for g in got] == [e[0] for e in expected]
+        assert [g[1] for g in got] == pytest.approx([e[1] for e in expected])
+    else:
+        assert [d.size for d in topo.dimensions] == [spec.gpus_per_server]
+    assert topo.dimensions[0].size == spec.gpus_per_server
     text = to_astra_yaml(topo)
     back = load_text(text, "random.yaml")
     assert back.dimensions is not None
@@ -191,3 +198,14 @@ def test_missing_file_and_empty_reference() -> None:
 def test_astra_export_refuses_asymmetric_clusters() -> None:
     with pytest.raises(TopologyError, match=r"cluster v100-cubemesh-4: ASTRA-sim needs symmetric dimensions, but node node0"):
         to_astra_yaml(load_preset("v100-cubemesh-4"))
+
+
+def test_dgx1_example_gives_every_v100_its_six_nvlinks() -> None:
+    """V100 SXM2 has 6 NVLink2 links (25 GB/s each way); the cube-mesh example must use all 6."""
+    topo = load_cluster(str(EXAMPLES / "dgx1-v100-cubemesh.yaml"))
+    per_gpu: dict[str, float] = {}
+    for lk in topo.links:
+        if lk.kind == "nvlink":
+            for end in (lk.a, lk.b):
+                per_gpu[end] = per_gpu.get(end, 0.0) + lk.bandwidth_gbps
+    assert per_gpu == {f"node0/gpu{i}": 150.0 for i in range(8)}

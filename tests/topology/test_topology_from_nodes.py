@@ -46,13 +46,22 @@ def test_nodes_are_ordered_by_fabric_so_domains_are_consecutive() -> None:
     built = from_nodes(shuffled, topograph_labels(topo))
     assert [n.name for n in built.nodes] == ["node0", "node1", "node2", "node3"]
     assert built.dimensions == topo.dimensions
+    kept = from_nodes(shuffled, topograph_labels(topo), keep_order=True)
+    assert [n.name for n in kept.nodes] == ["node3", "node0", "node2", "node1"]
+    assert kept.dimensions is None and "consecutive" in (kept.asymmetry_reason or "")
 
 
 def test_label_keys_can_be_overridden() -> None:
     topo = load_preset("syccl-a800-32")
     labels = {n.name: {"example.com/tor": n.fabric["leaf"], "example.com/agg": n.fabric["spine"]} for n in topo.nodes}
-    with pytest.raises(TopologyError, match=r"node node0: no leaf label \(looked for network\.topology\.nvidia\.com/leaf"):
-        from_nodes(reports(topo), labels)
+    # Unknown keys: no node has fabric labels, so one flat switch is assumed and said so.
+    flat = from_nodes(reports(topo), labels)
+    assert flat.dimensions is not None and [d.size for d in flat.dimensions] == [8, 4]
+    assert "one non-blocking switch" in flat.sources["assumption"]
+    # Some nodes labelled, one not: that node is named.
+    mixed = {**labels, "node0": {"ccltune.io/tor": "leaf0"}}
+    with pytest.raises(TopologyError, match=r"node node1: no leaf label \(looked for network\.topology\.nvidia\.com/leaf"):
+        from_nodes(reports(topo), mixed)
     built = from_nodes(reports(topo), labels, label_keys={"leaf": "example.com/tor", "spine": ["example.com/agg"]})
     assert built.dimensions == topo.dimensions
     with pytest.raises(TopologyError, match="unknown role 'rack'"):
@@ -137,3 +146,12 @@ def test_real_agent_reports_from_fixtures(fixture: str, expected: str) -> None:
     labels = {"a": {"ccltune.io/tor": "t0"}, "b": {"ccltune.io/tor": "t0"}}
     topo = from_nodes(specs, labels, name=fixture)
     assert expected in describe(topo)
+
+
+def test_single_node_keeps_nic_rates_for_nccl_xml() -> None:
+    topo = load_preset("dgx-h100-1")
+    built = from_nodes(reports(topo), {})
+    assert "assumption" not in built.sources
+    again = node_spec(built, "node0")
+    assert sorted(p.rate_gbps for n in again.nics for p in n.ports) == [400.0] * 8
+    assert {p.link_layer for n in again.nics for p in n.ports} == {"InfiniBand"}

@@ -19,7 +19,7 @@ NAMES = [
 ]
 # (kind, size, GB/s per GPU per direction) innermost first; None = asymmetric.
 EXPECTED_DIMS: dict[str, list[tuple[str, int, float]] | None] = {
-    "syccl-a800-32": [("switch", 8, 200.0), ("switch", 2, 12.5), ("switch", 2, 12.5)],
+    "syccl-a800-32": [("switch", 8, 200.0), ("switch", 4, 12.5)],  # leaf+spine merged: non-blocking
     "syccl-a800-16": [("switch", 8, 200.0), ("switch", 2, 12.5)],
     "h800-rail-64": [("switch", 8, 200.0), ("switch", 8, 50.0)],
     "h800-rail-512": [("switch", 8, 200.0), ("switch", 64, 50.0)],
@@ -177,3 +177,26 @@ def test_unknown_preset_lists_valid_names() -> None:
         load_preset("dgx-z900")
     msg = str(err.value)
     assert "dgx-z900" in msg and "syccl-a800-32" in msg and "\n" not in msg
+
+
+def test_docs_preset_table_matches_the_loaded_dimensions() -> None:
+    """The dims column of docs/topology.md's preset table is what the presets load as."""
+    doc = (ROOT / "docs" / "topology.md").read_text()
+    checked = 0
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 6 or not cells[0].startswith("`") or cells[0].count("`") != 2:
+            continue
+        name = cells[0].strip("`")
+        topo = load_preset(name)
+        if cells[-1].startswith("asymmetric"):
+            assert topo.dimensions is None, name
+        else:
+            documented = []
+            for part in cells[-1].split(","):
+                kind, size, _, bw = part.split()
+                documented.append((kind, int(size), float(bw)))
+            assert topo.dimensions is not None
+            assert [(d.kind, d.size, d.bandwidth_gbps) for d in topo.dimensions] == documented, name
+        checked += 1
+    assert checked == len(NAMES)

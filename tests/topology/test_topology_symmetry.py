@@ -26,17 +26,29 @@ def dims(topo: ClusterTopology) -> list[tuple[str, int, float]]:
 
 
 def test_groups_follow_rank_coordinates() -> None:
-    topo = load_preset("syccl-a800-32")  # dims 8 x 2 x 2
-    g0, g1, g2 = groups(topo, 0), groups(topo, 1), groups(topo, 2)
-    assert g0[0] == list(range(8)) and len(g0) == 4
-    assert g1[:2] == [[0, 8], [1, 9]] and [16, 24] in g1 and len(g1) == 16
-    assert g2[0] == [0, 16] and [15, 31] in g2 and len(g2) == 16
-    for gs in (g0, g1, g2):
+    topo = from_spec(spec(servers=8, nics={"perServer": 2, "rateGbps": 200}, pcie={"generation": 5},
+                          network={"tiers": [{"name": "leaf", "size": 2},
+                                             {"name": "spine", "size": 2, "oversubscription": 2},
+                                             {"name": "core", "oversubscription": 2}]}))
+    assert [d.size for d in topo.dimensions or []] == [4, 2, 2, 2]
+    g0, g1, g2, g3 = (groups(topo, i) for i in range(4))
+    assert g0[0] == [0, 1, 2, 3] and len(g0) == 8
+    assert g1[:2] == [[0, 4], [1, 5]] and [8, 12] in g1 and len(g1) == 16
+    assert g2[0] == [0, 8] and [23, 31] in g2 and len(g2) == 16
+    assert g3[0] == [0, 16] and len(g3) == 16
+    for gs in (g0, g1, g2, g3):
         assert sorted(r for g in gs for r in g) == list(range(32))
-    # Members of a group differ only in that coordinate.
-    for g in g1:
+    # Members of a group differ only in that coordinate, which runs 0..size-1.
+    for g in g2:
         coords = [topo.coords(r) for r in g]
-        assert len({(c[0], c[2]) for c in coords}) == 1 and [c[1] for c in coords] == [0, 1]
+        assert len({(c[0], c[1], c[3]) for c in coords}) == 1 and [c[2] for c in coords] == [0, 1]
+
+
+def test_non_blocking_tiers_merge_into_one_dimension() -> None:
+    topo = load_preset("syccl-a800-32")  # 2 servers per leaf, non-blocking spine
+    assert topo.dimensions is not None and topo.dimensions[1].name == "leaf+spine"
+    assert groups(topo, 1)[:2] == [[0, 8, 16, 24], [1, 9, 17, 25]]
+    assert topo.dimensions[1].latency_us == 8.0  # the cross-leaf path
 
 
 def test_groups_are_isomorphic_in_the_rail_fabric() -> None:

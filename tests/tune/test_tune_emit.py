@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Any
 
 import pytest
 from tune_helpers import preset
@@ -27,7 +28,7 @@ from ccltune.tune.space import Config, Impl
 from ccltune.tune.tuner import tune_tasks
 
 
-def read_rows(text: str) -> list[dict[str, int | str]]:
+def read_rows(text: str) -> list[dict[str, Any]]:
     rows = []
     for line in text.split("\n"):
         if not line or line.startswith("#"):

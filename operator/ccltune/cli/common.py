@@ -43,7 +43,10 @@ def user_errors(prefix: str = "") -> Iterator[None]:
     except Exception as exc:
         if os.environ.get("CCLTUNE_DEBUG"):
             raise
-        fail(f"internal error: {type(exc).__name__}: {exc} (set CCLTUNE_DEBUG=1 for a traceback)", EXIT_INTERNAL)
+        fail(
+            f"internal error: {type(exc).__name__}: {exc} (set CCLTUNE_DEBUG=1 for a traceback)",
+            EXIT_INTERNAL,
+        )
 
 
 def read_yaml_documents(path: Path) -> list[Any]:

@@ -23,10 +23,17 @@ from .common import ccltuning_document, console, user_errors
 def plan(
     spec_file: Path = typer.Argument(..., help="A CCLTuning manifest (YAML)."),
     cluster: str = typer.Option(
-        ..., "--cluster", "-c", help="A preset name (see `ccltune presets`) or a cluster/ASTRA-sim YAML file."
+        ...,
+        "--cluster",
+        "-c",
+        help="A preset name (see `ccltune presets`) or a cluster/ASTRA-sim YAML file.",
     ),
-    out: Path = typer.Option(Path("ccltune-plan"), "--out", "-o", help="Directory for files, manifests and reports."),
-    namespace: str = typer.Option("default", help="Namespace written into the ConfigMap manifests."),
+    out: Path = typer.Option(
+        Path("ccltune-plan"), "--out", "-o", help="Directory for files, manifests and reports."
+    ),
+    namespace: str = typer.Option(
+        "default", help="Namespace written into the ConfigMap manifests."
+    ),
 ) -> None:
     """Plan a CCLTuning for a cluster: topology, NCCL settings, schedules and a report."""
     with user_errors():
@@ -47,7 +54,9 @@ def plan(
         _print_task(task)
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
-    console.print(f"wrote {out}/ (report.md, report.json, manifests/configmaps.yaml, {len(result.files)} files) · plan digest {result.digest[:12]}")
+    console.print(
+        f"wrote {out}/ (report.md, report.json, manifests/configmaps.yaml, {len(result.files)} files) · plan digest {result.digest[:12]}"
+    )
 
 
 def _write(out: Path, files: list[PlanFile], manifests: list[dict[str, Any]]) -> None:
@@ -56,7 +65,9 @@ def _write(out: Path, files: list[PlanFile], manifests: list[dict[str, Any]]) ->
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f.content)
     (out / "manifests").mkdir(parents=True, exist_ok=True)
-    (out / "manifests" / "configmaps.yaml").write_text(yaml.safe_dump_all(manifests, sort_keys=False))
+    (out / "manifests" / "configmaps.yaml").write_text(
+        yaml.safe_dump_all(manifests, sort_keys=False)
+    )
 
 
 def _print_task(task: PlanTask) -> None:
@@ -65,7 +76,16 @@ def _print_task(task: PlanTask) -> None:
         title=f"{key.collective} · {key.role} · {key.ranks} ranks / {key.nodes} node(s)",
         title_justify="left",
     )
-    for col in ("size", "choice", "time µs", "algbw GB/s", "busbw GB/s", "bound busbw", "% of bound", "vs default"):
+    for col in (
+        "size",
+        "choice",
+        "time µs",
+        "algbw GB/s",
+        "busbw GB/s",
+        "bound busbw",
+        "% of bound",
+        "vs default",
+    ):
         table.add_column(col, justify="left" if col == "choice" else "right")
     table.add_column("source", no_wrap=True, min_width=9)
     for r in task_rows(task):

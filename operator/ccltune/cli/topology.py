@@ -17,21 +17,31 @@ from .common import console, user_errors
 
 def presets() -> None:
     """List the built-in cluster presets."""
-    table = Table(title="cluster presets (numbers and their sources: docs/topology.md)", title_justify="left")
+    table = Table(
+        title="cluster presets (numbers and their sources: docs/topology.md)", title_justify="left"
+    )
     for col in ("name", "nodes", "GPUs", "GPU", "fabric"):
         table.add_column(col)
     with user_errors():
         for name in list_presets():
             topo = load_preset(name)
-            table.add_row(name, str(topo.node_count), str(topo.world_size), topo.gpu_model, describe(topo))
+            table.add_row(
+                name, str(topo.node_count), str(topo.world_size), topo.gpu_model, describe(topo)
+            )
     console.print(table)
 
 
 def topology(
-    cluster: str = typer.Option(..., "--cluster", "-c", help="Preset name or cluster/ASTRA-sim YAML file."),
+    cluster: str = typer.Option(
+        ..., "--cluster", "-c", help="Preset name or cluster/ASTRA-sim YAML file."
+    ),
     astra: Path | None = typer.Option(None, help="Write the ASTRA-sim network YAML here."),
-    nccl_xml: Path | None = typer.Option(None, help="Write one NCCL topology XML per node into this directory."),
-    dump: Path | None = typer.Option(None, help="Write the full ClusterTopology (YAML, wire form) here."),
+    nccl_xml: Path | None = typer.Option(
+        None, help="Write one NCCL topology XML per node into this directory."
+    ),
+    dump: Path | None = typer.Option(
+        None, help="Write the full ClusterTopology (YAML, wire form) here."
+    ),
 ) -> None:
     """Show a cluster's model (dimensions, symmetry) and export it."""
     with user_errors():
@@ -52,7 +62,9 @@ def topology(
         if nccl_xml is not None:
             nccl_xml.mkdir(parents=True, exist_ok=True)
             for node in topo.nodes:
-                (nccl_xml / f"{node.name}.xml").write_text(write_nccl_xml(node_spec(topo, node.name)))
+                (nccl_xml / f"{node.name}.xml").write_text(
+                    write_nccl_xml(node_spec(topo, node.name))
+                )
             console.print(f"wrote {len(topo.nodes)} NCCL topology files into {nccl_xml}/")
         if dump is not None:
             dump.write_text(yaml.safe_dump(topo.wire(), sort_keys=False))

@@ -94,22 +94,22 @@ def _write(out: Path, result: TuningResult) -> None:
 
 def _print(result: TuningResult) -> None:
     src = str(result.source)
-    table = Table(title=f"ccltune tune · {result.searcher} on {result.profiler} · busbw in GB/s ({src})")
-    for col in ("task key", "sizes", "NCCL default", f"busbw ({src})", "tuned", f"busbw ({src})", "speedup", "trials"):
-        table.add_column(col, justify="right" if col in ("speedup", "trials") or col.startswith("busbw") else "left")
+    shapes = sorted({(t.key.ranks, t.key.nodes) for t in result.tasks})
+    shape = ", ".join(f"{r} ranks/{n} nodes" for r, n in shapes)
+    table = Table(title=f"{result.searcher} on {result.profiler} · {shape} · busbw GB/s, {src}")
+    for col in ("task", "sizes", "NCCL default", f"busbw ({src})", "tuned", f"busbw ({src})", "speedup", "trials"):
+        right = col in ("speedup", "trials") or col.startswith("busbw")
+        table.add_column(col, justify="right" if right else "left", no_wrap=col != "tuned")
     for t in result.tasks:
         k = t.key
+        task = str(k.collective) + ("" if k.role == "world" else f" ({k.role})")
         default = t.plan_task().default.describe() if t.default else "NCCL (logged)"
-        table.add_row(
-            f"{k.collective}/{k.role}/{k.ranks}r{k.nodes}n",
-            f"{format_size(k.min_bytes)}-{format_size(k.max_bytes)}",
-            default,
-            f"{t.default_busbw:.1f}",
-            t.choice().describe() + (f" {t.deployed.threads}t" if t.deployed and not t.synthesized else ""),
-            f"{t.chosen_busbw:.1f}",
-            f"{t.speedup:.2f}x",
-            str(t.trials),
-        )
+        tuned = t.choice().describe()
+        if t.deployed is not None and t.synthesized is None:
+            tuned += f"/{t.deployed.threads}t"
+        sizes = format_size(k.min_bytes) if k.min_bytes == k.max_bytes else f"{format_size(k.min_bytes)}-{format_size(k.max_bytes + 1)}"
+        table.add_row(task, sizes, default,
+                      f"{t.default_busbw:.1f}", tuned, f"{t.chosen_busbw:.1f}", f"{t.speedup:.2f}x", str(t.trials))
     console.print(table)
     for name, value in sorted(result.env.items()):
         console.print(f"  {name}={value}", highlight=False)

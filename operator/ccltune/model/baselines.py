@@ -3,9 +3,10 @@
 What is modeled, and where it comes from (NCCL source, v2.19 line):
 - ring (src/graph/search.cc, connect.cc, device/all_gather.h, reduce_scatter.h, all_reduce.h,
   broadcast.h): one ring per channel; all GPUs of a node in NVLink order, then on to the next node.
-  Channel c rotates the intra-node order so that it leaves each node from a different GPU (and so
-  from a different NIC), as NCCL's rings spread channels over NICs. The buffer is cut into
-  `chunks` pipeline chunks per channel; consecutive chunks go to consecutive channels.
+  Each channel enters and leaves a node next to the same NIC (NCCL_CROSS_NIC=0), so on a
+  rail-optimized fabric it stays on one rail; consecutive channels use different NICs and, without
+  an NVSwitch, different NVLink cycles (`ring_layouts`). The buffer is cut into `chunks` pipeline
+  chunks per channel; consecutive chunks go to consecutive channels.
 - tree (src/graph/trees.cc, connect.cc, device/all_reduce.h runTreeUpDown): a chain through the
   GPUs of each node plus a double binary tree over nodes (the second tree mirrored for an even
   node count, shifted by one for odd); even channels use tree 0, odd channels tree 1. Allreduce
@@ -142,26 +143,46 @@ def _direct_gpu_links(topo: ClusterTopology, node: int) -> dict[int, dict[int, f
     return adj
 
 
-def nvlink_order(topo: ClusterTopology) -> list[int]:
-    """Local GPU indices in the order NCCL's intra-node ring visits them.
+def nvlink_cycles(topo: ClusterTopology) -> list[list[int]]:
+    """Intra-node rings (local GPU indices) NCCL's search could find, each also reversed.
 
-    With direct GPU-GPU links (no NVSwitch), NCCL's search follows the links: we take a
-    Hamiltonian cycle (else path) over the widest links, starting at GPU 0. With an NVSwitch, PCIe
-    only, or all GPUs connected to each other, every order is equal and NCCL keeps index order.
+    With direct GPU-GPU links (no NVSwitch) NCCL's search follows the links: we take up to gpn-1
+    Hamiltonian cycles, each preferring directed links the previous ones left unused, then the
+    widest (else one Hamiltonian path). With an NVSwitch or PCIe only every order is equal and NCCL
+    keeps index order.
     """
     gpn = topo.gpus_per_node
     adj = _direct_gpu_links(topo, 0)
-    degrees = [len(adj[i]) for i in range(gpn)]
-    if gpn <= 2 or not any(degrees) or all(d == gpn - 1 for d in degrees):
-        return list(range(gpn))
-    for want_cycle in (True, False):
-        found = _hamiltonian(adj, gpn, cycle=want_cycle)
-        if found is not None:
-            return found
-    return list(range(gpn))
+    cycles: list[list[int]] = []
+    if gpn > 2 and any(adj[i] for i in range(gpn)):
+        used: dict[tuple[int, int], int] = {}
+        for _ in range(gpn - 1):
+            cyc = _hamiltonian(adj, gpn, cycle=True, used=used)
+            if cyc is None or cyc in cycles:
+                break
+            cycles.append(cyc)
+            for a, b in zip(cyc, cyc[1:] + cyc[:1], strict=True):
+                used[(a, b)] = used.get((a, b), 0) + 1
+        if not cycles:
+            cycles.append(_hamiltonian(adj, gpn, cycle=False, used={}) or list(range(gpn)))
+    else:
+        cycles.append(list(range(gpn)))
+    out: list[list[int]] = []
+    for cyc in cycles:
+        for cand in (cyc, [cyc[0], *cyc[:0:-1]]):
+            if cand not in out:
+                out.append(cand)
+    return out
 
 
-def _hamiltonian(adj: dict[int, dict[int, float]], n: int, *, cycle: bool) -> list[int] | None:
+def nvlink_order(topo: ClusterTopology) -> list[int]:
+    """The first intra-node ring: local GPU indices in the order NCCL's ring visits them."""
+    return nvlink_cycles(topo)[0]
+
+
+def _hamiltonian(
+    adj: dict[int, dict[int, float]], n: int, *, cycle: bool, used: dict[tuple[int, int], int]
+) -> list[int] | None:
     budget = [20_000]  # bounded search: NCCL's own search gives up on a timeout too
 
     def extend(path: list[int], seen: set[int]) -> list[int] | None:
@@ -171,7 +192,7 @@ def _hamiltonian(adj: dict[int, dict[int, float]], n: int, *, cycle: bool) -> li
         if len(path) == n:
             return path if (not cycle or path[0] in adj[path[-1]]) else None
         last = path[-1]
-        for nxt in sorted(adj[last], key=lambda v: (-adj[last][v], v)):
+        for nxt in sorted(adj[last], key=lambda v: (used.get((last, v), 0), -adj[last][v], v)):
             if nxt in seen:
                 continue
             seen.add(nxt)
@@ -186,26 +207,76 @@ def _hamiltonian(adj: dict[int, dict[int, float]], n: int, *, cycle: bool) -> li
     return extend([0], {0})
 
 
-def channel_offset(channel: int, channels: int, gpn: int) -> int:
-    """Rotation of the intra-node order on `channel`: spreads exits over the node's GPUs/NICs."""
-    return (channel * gpn // max(channels, 1) + (channel // max(channels, 1))) % gpn if gpn else 0
+def _nic_groups(topo: ClusterTopology) -> list[frozenset[str]]:
+    """For each local GPU of node 0, the NICs nearest to it through its node's PCIe tree."""
+    node = topo.nodes[0].name
+    kinds = {d.id: d.kind for d in topo.devices if d.node == node}
+    nbrs: dict[str, list[str]] = {}
+    for link in topo.links:
+        if link.a in kinds and link.b in kinds:
+            nbrs.setdefault(link.a, []).append(link.b)
+            nbrs.setdefault(link.b, []).append(link.a)
+    out = []
+    for i in range(topo.gpus_per_node):
+        start = topo.gpu_id(i)
+        frontier, seen, found = [start], {start}, set()
+        while frontier and not found:
+            nxt = []
+            for u in frontier:
+                for v in nbrs.get(u, []):
+                    if v in seen or kinds.get(v) == DeviceKind.GPU:
+                        continue
+                    seen.add(v)
+                    if kinds.get(v) == DeviceKind.NIC:
+                        found.add(v)
+                    else:
+                        nxt.append(v)
+            frontier = nxt
+        out.append(frozenset(found))
+    return out
 
 
-def node_chain(topo: ClusterTopology, node: int, channel: int, channels: int,
-               order: Sequence[int] | None = None) -> list[int]:  # fmt: skip
+def ring_layouts(topo: ClusterTopology) -> list[list[int]]:
+    """Candidate per-channel intra-node orders (local indices), most distinct first.
+
+    Across nodes NCCL keeps a channel on one NIC (NCCL_CROSS_NIC=0): the ring enters a node at a
+    GPU next to the NIC and leaves from a GPU next to the same NIC, so on a rail-optimized fabric
+    it stays on its rail. We keep the rotations of each intra-node ring whose last and first GPUs
+    share a nearest NIC, and list them exit by exit so consecutive channels use different NICs.
+    """
+    gpn = topo.gpus_per_node
+    cycles = nvlink_cycles(topo)
+    rotations = [[c[(i + off) % gpn] for i in range(gpn)] for off in range(gpn) for c in cycles]
+    if topo.node_count > 1 and gpn > 1:
+        groups = _nic_groups(topo)
+        good = [r for r in rotations if groups[r[-1]] & groups[r[0]]]
+        if good:
+            rotations = good
+    out: list[list[int]] = []
+    for r in rotations:
+        if r not in out:
+            out.append(r)
+    return out
+
+
+def node_chain(
+    topo: ClusterTopology,
+    node: int,
+    channel: int,
+    layouts: Sequence[Sequence[int]] | None = None,
+) -> list[int]:
     """Global ranks of `node` in the channel's intra-node order (the tree's chain, head first)."""
     gpn = topo.gpus_per_node
-    order = list(order) if order is not None else nvlink_order(topo)
-    off = channel_offset(channel, channels, gpn)
-    return [node * gpn + order[(i + off) % gpn] for i in range(gpn)]
+    layouts = layouts if layouts is not None else ring_layouts(topo)
+    return [node * gpn + x for x in layouts[channel % len(layouts)]]
 
 
-def ring_order(topo: ClusterTopology, channel: int = 0, channels: int = 1) -> list[int]:
-    """Global ranks in the order of the channel's ring (NCCL ring over nodes in node order)."""
-    order = nvlink_order(topo)
+def ring_order(topo: ClusterTopology, channel: int = 0) -> list[int]:
+    """Global ranks in the order of the channel's ring: node by node, in each its layout."""
+    layouts = ring_layouts(topo)
     out: list[int] = []
     for node in range(topo.node_count):
-        out.extend(node_chain(topo, node, channel, channels, order))
+        out.extend(node_chain(topo, node, channel, layouts))
     return out
 
 
@@ -273,7 +344,7 @@ def ring_allgather(
     _check_params(chunks, channels)
     n = topo.world_size
     c_per_rank = chunks * channels
-    rings = [ring_order(topo, c, channels) for c in range(channels)]
+    rings = [ring_order(topo, c) for c in range(channels)]
     pos = [{r: i for i, r in enumerate(ring)} for ring in rings]
     b = _Builder(in_flight)
     for j in range(c_per_rank):
@@ -296,7 +367,7 @@ def ring_reducescatter(
     _check_params(chunks, channels)
     n = topo.world_size
     c_per_rank = chunks * channels
-    rings = [ring_order(topo, c, channels) for c in range(channels)]
+    rings = [ring_order(topo, c) for c in range(channels)]
     pos = [{r: i for i, r in enumerate(ring)} for ring in rings]
     b = _Builder(in_flight)
     for j in range(c_per_rank):
@@ -322,7 +393,7 @@ def ring_allreduce(
     _check_params(chunks, channels)
     n = topo.world_size
     loops = chunks * channels
-    rings = [ring_order(topo, c, channels) for c in range(channels)]
+    rings = [ring_order(topo, c) for c in range(channels)]
     b = _Builder(in_flight)
     for u in range(loops):
         ch = u % channels
@@ -353,7 +424,7 @@ def ring_broadcast(
     n = topo.world_size
     _check_root(root, n)
     c_total = chunks * channels
-    rings = [ring_order(topo, c, channels) for c in range(channels)]
+    rings = [ring_order(topo, c) for c in range(channels)]
     b = _Builder(in_flight)
     for j in range(c_total):
         ch = j % channels
@@ -452,8 +523,8 @@ def tree_allreduce(
     _check_params(chunks, channels)
     n = topo.world_size
     c_total = chunks * channels
-    order = nvlink_order(topo)
-    chains = [[node_chain(topo, v, ch, channels, order) for v in range(topo.node_count)]
+    layouts = ring_layouts(topo)
+    chains = [[node_chain(topo, v, ch, layouts) for v in range(topo.node_count)]
               for ch in range(channels)]  # fmt: skip
     b = _Builder(in_flight)
     for j in range(c_total):
@@ -478,11 +549,11 @@ def tree_broadcast(
     gpn = topo.gpus_per_node
     root_node = root // gpn
     c_total = chunks * channels
-    order = nvlink_order(topo)
+    layouts = ring_layouts(topo)
     b = _Builder(in_flight)
     for j in range(c_total):
         ch = j % channels
-        chains = [node_chain(topo, v, ch, channels, order) for v in range(topo.node_count)]
+        chains = [node_chain(topo, v, ch, layouts) for v in range(topo.node_count)]
         rc = chains[root_node]
         k = rc.index(root)
         chains[root_node] = rc[k:] + rc[:k]
@@ -509,11 +580,11 @@ def hierarchical_allreduce(
         raise BaselineError(f"inter must be 'ring' or 'tree', got {inter!r}")
     n, gpn, nn = topo.world_size, topo.gpus_per_node, topo.node_count
     loops = chunks * channels
-    order = nvlink_order(topo)
+    layouts = ring_layouts(topo)
     b = _Builder(in_flight)
     for u in range(loops):
         ch = u % channels
-        chains = [node_chain(topo, v, ch, channels, order) for v in range(nn)]
+        chains = [node_chain(topo, v, ch, layouts) for v in range(nn)]
         base = u * n
         # 1. intra-node reduce-scatter of slice s (nn consecutive chunks) onto chains[v][s].
         rs_last: dict[tuple[int, int], int] = {}

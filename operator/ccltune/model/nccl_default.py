@@ -260,6 +260,10 @@ def _per_unit_transfers(coll: Collective, algo: str, n: int) -> int:
     return n * max(n - 1, 1)
 
 
+def _pipelined(coll: Collective, algo: str) -> bool:
+    return coll == Collective.BROADCAST or algo not in ("ring", "direct")
+
+
 def simulation_shape(
     coll: Collective, algo: str, proto: str, size_bytes: int, channels: int, n: int,
     max_transfers: int,
@@ -274,6 +278,8 @@ def simulation_shape(
     ):
         per_chunk /= n
     ideal = max(1, math.ceil(per_chunk / target))
+    if not _pipelined(coll, algo):
+        ideal = 1  # rings/alltoall run every link at every step: chunks change nothing but cost
     units = max(1, max_transfers // _per_unit_transfers(coll, algo, n))
     sim_channels = max(1, min(channels, units))
     chunks = max(1, min(ideal, units // sim_channels))

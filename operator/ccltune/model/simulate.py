@@ -25,6 +25,7 @@ together over flat arrays (best for large, symmetric schedules such as a 512-ran
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -70,7 +71,7 @@ class _Prepared:
     n: int
     nbytes: np.ndarray  # per transfer
     alpha: np.ndarray  # per transfer: step latency + path latency
-    res: np.ndarray  # [n, L] resource ids per transfer, padded with `pad`
+    res: np.ndarray  # [L, n] resource ids per transfer (int32), padded with `pad`
     cap: np.ndarray  # payload bytes/us per resource, inf for the pad
     pad: int
     succ_ptr: np.ndarray
@@ -79,6 +80,7 @@ class _Prepared:
     pair: np.ndarray  # per transfer index into the unique (src, dst) pairs
     pair_off: np.ndarray
     pair_chans: np.ndarray
+    solo: np.ndarray  # per transfer: payload bytes/us when alone on its path (an upper bound)
 
 
 def _prepare(
@@ -90,8 +92,9 @@ def _prepare(
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
         return _Prepared(
-            0, np.zeros(0), np.zeros(0), np.zeros((0, 1), dtype=np.int64), np.array([np.inf]),
+            0, np.zeros(0), np.zeros(0), np.zeros((1, 0), dtype=np.int32), np.array([np.inf]),
             0, np.zeros(1, dtype=np.int64), empty, empty, empty, np.zeros(1, dtype=np.int64), empty,
+            np.zeros(0),
         )  # fmt: skip
     for arr, what in ((s.src, "src"), (s.dst, "dst")):
         bad = np.flatnonzero((arr < 0) | (arr >= s.nranks))
@@ -140,9 +143,10 @@ def _prepare(
     pair_res = np.full((len(ukeys), width), pad, dtype=np.int64)
     cols = np.arange(len(pair_chans)) - np.repeat(pair_off[:-1], plen)
     pair_res[np.repeat(np.arange(len(ukeys)), plen), cols] = pair_chans
-    res = pair_res[pair]
+    # Resources as [width, n] rows: reductions over the short path axis run as vector ops.
+    res = np.ascontiguousarray(pair_res.T[:, pair]).astype(np.int32)
     if extra:
-        res[:, -1] = nch + tb
+        res[-1] = nch + tb
 
     # Successor CSR from the dep CSR.
     deps_of = np.repeat(np.arange(n, dtype=np.int64), np.diff(s.dep_ptr))
@@ -153,15 +157,18 @@ def _prepare(
     indeg = np.diff(s.dep_ptr).astype(np.int64)
     nbytes = s.count.astype(np.float64) * s.chunk_bytes(size_bytes)
     alpha = protocol.step_latency_us + pair_lat[pair]
+    solo = cap[pair_res].min(axis=1)[pair] if n else np.zeros(0)
+    if protocol.channel_cap_gbps is not None:
+        solo = np.minimum(solo, protocol.channel_cap_gbps * 1e3)
     return _Prepared(
-        n, nbytes, alpha, res, cap, pad, succ_ptr, succ_idx, indeg, pair, pair_off, pair_chans
+        n, nbytes, alpha, res, cap, pad, succ_ptr, succ_idx, indeg, pair, pair_off, pair_chans, solo
     )
 
 
 def _heap_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
     """One event at a time; only flows sharing a channel with a changed flow are re-rated."""
     n = p.n
-    res = [[r for r in row if r != p.pad] for row in p.res.tolist()]
+    res = [[r for r in row if r != p.pad] for row in p.res.T.tolist()]
     cap = p.cap.tolist()
     alpha, nbytes = p.alpha.tolist(), p.nbytes.tolist()
     succ_ptr, succ_idx = p.succ_ptr.tolist(), p.succ_idx.tolist()
@@ -235,7 +242,8 @@ def _push_groups(
     order = np.argsort(times, kind="stable")
     tids, times = tids[order], times[order]
     cuts = np.flatnonzero(np.diff(times)) + 1
-    for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(tids)].tolist(), strict=True):
+    edges = [0, *cuts.tolist(), len(tids)]
+    for lo, hi in itertools.pairwise(edges):
         heapq.heappush(pending, (float(times[lo]), seq, tids[lo:hi]))
         seq += 1
     return seq
@@ -244,7 +252,7 @@ def _push_groups(
 def _rates(res: np.ndarray, cap: np.ndarray) -> np.ndarray:
     """Per-link equal share: each flow gets the smallest cap/nflows along its resources."""
     counts = np.bincount(res.ravel(), minlength=len(cap))
-    return (cap / np.maximum(counts, 1))[res].min(axis=1)
+    return (cap / np.maximum(counts, 1))[res].min(axis=0)
 
 
 def _fluid(
@@ -257,35 +265,67 @@ def _fluid(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Exact fluid evolution of contending flows (no arrivals other than at `t0`) until horizon.
 
-    Returns finish times (nan = still running), remaining bytes at the horizon, sub-steps taken.
+    Event by event; a start or finish re-rates only the flows on the channels it touches (found
+    through a channel -> flows index built once). Returns finish times (nan = still running),
+    remaining bytes at the end, and the number of sub-steps.
     """
-    k = len(t0)
+    k, width = len(t0), res.shape[0]
+    nres = len(cap)
+    pad = nres - 1
+    flat = res.ravel()
+    order = np.argsort(flat, kind="stable")
+    f_sorted = np.tile(np.arange(k), width)[order]
+    ptr = np.searchsorted(flat[order], np.arange(nres + 1))
+    counts = np.zeros(nres, dtype=np.int64)
     fin = np.full(k, np.nan)
-    rem = rem.copy()
+    rate = np.zeros(k)
+    t_at = np.full(k, now)
+    rem_at = rem.copy()
+    started = np.zeros(k, dtype=bool)
     alive = np.ones(k, dtype=bool)
+    done_now = np.zeros(0, dtype=np.int64)
     t = now
     steps = 0
     while True:
         steps += 1
         tol = 1e-12 * max(abs(t), 1.0)
-        started = np.flatnonzero(alive & (t0 <= t + tol))
-        waiting = alive & (t0 > t + tol)
+        new = np.flatnonzero(~started & (t0 <= t + tol))
+        if len(new):
+            started[new] = True
+            t_at[new] = t
+            counts += np.bincount(res[:, new].ravel(), minlength=nres)
+        if len(done_now):
+            counts -= np.bincount(res[:, done_now].ravel(), minlength=nres)
+        if len(new) or len(done_now):
+            chans = np.unique(res[:, np.concatenate([new, done_now])])
+            chans = chans[chans != pad]
+            lo, hi = ptr[chans], ptr[chans + 1]
+            lens = hi - lo
+            idx = np.repeat(lo - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+            aff = np.unique(f_sorted[idx])
+            aff = aff[started[aff] & alive[aff]]
+            rem_at[aff] -= rate[aff] * (t - t_at[aff])
+            t_at[aff] = t
+            rate[aff] = (cap / np.maximum(counts, 1))[res[:, aff]].min(axis=0)
+        act = np.flatnonzero(started & alive)
+        waiting = ~started
         t_s = float(t0[waiting].min()) if waiting.any() else np.inf
-        if len(started):
-            rate = _rates(res[started], cap)
-            left = rem[started] / rate
-            t_next = min(t + float(left.min()), t_s, horizon)
-            rem[started] -= rate * (t_next - t)
-            done = started[left <= (t_next - t) + 1e-12 * max(abs(t_next), 1.0)]
-            fin[done] = t_next
-            alive[done] = False
+        if len(act):
+            proj = t_at[act] + rem_at[act] / rate[act]
+            t_next = min(float(proj.min()), t_s, horizon)
+            done_now = act[proj <= t_next + 1e-12 * max(abs(t_next), 1.0)]
+            fin[done_now] = t_next
+            alive[done_now] = False
         else:
             t_next = min(t_s, horizon)
+            done_now = np.zeros(0, dtype=np.int64)
         t = t_next
         if t >= horizon or not alive.any():
             break
-    rem[~alive] = 0.0
-    return fin, rem, steps
+    running = started & alive
+    out = np.where(running, rem_at - rate * (t - t_at), rem)
+    out[~alive] = 0.0
+    return fin, out, steps
 
 
 def _batch_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
@@ -310,13 +350,16 @@ def _batch_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
     seq = _push_groups(pending, 0, roots, alpha[roots])
     act = np.zeros(0, dtype=np.int64)
     rem = np.zeros(0)
-    res = np.zeros((0, p.res.shape[1]), dtype=np.int64)
+    res = np.zeros((p.res.shape[0], 0), dtype=np.int32)
     now = 0.0
     events = 0
     while pending or len(act):
         t_first = pending[0][0] if pending else np.inf
         if len(act):
-            t_first = min(t_first, now + float((rem / _rates(res, cap)).min()))
+            # With lookahead the window may start at any time <= the first event: the solo rate
+            # bounds every flow's rate from above, so rem/solo never overshoots its finish.
+            rates = p.solo[act] if lookahead > 0 else _rates(res, cap)
+            t_first = min(t_first, now + float((rem / rates).min()))
         horizon = t_first + lookahead
         tol = 1e-12 * max(abs(t_first), 1.0)
         limit = horizon if lookahead > 0 else t_first + tol
@@ -334,18 +377,18 @@ def _batch_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
             g_tid = np.concatenate([act, new])
             g_t0 = np.concatenate([np.full(len(act), now), new_t])
             g_rem = np.concatenate([rem, nbytes[new]])
-            g_res = np.concatenate([res, p.res[new]])
+            g_res = np.concatenate([res, p.res[:, new]], axis=1)
         else:
             g_tid, g_t0, g_rem, g_res = act, np.full(len(act), now), rem, res
         if lookahead == 0:
             horizon = t_first
         counts = np.bincount(g_res.ravel(), minlength=len(cap))
         counts[pad] = 0
-        contended = (counts[g_res] > 1).any(axis=1)
+        contended = (counts[g_res] > 1).any(axis=0)
         g_fin = np.full(len(g_tid), np.nan)
         single = np.flatnonzero(~contended)
         if len(single):
-            rate = cap[g_res[single]].min(axis=1)
+            rate = p.solo[g_tid[single]]
             t0 = g_t0[single]
             f = t0 + g_rem[single] / rate
             done = f <= horizon + 1e-12 * max(abs(horizon), 1.0)
@@ -353,7 +396,7 @@ def _batch_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
             g_rem[single] = np.where(done, 0.0, g_rem[single] - rate * (horizon - t0))
         many = np.flatnonzero(contended)
         if len(many):
-            f, r, _ = _fluid(now, g_t0[many], g_rem[many], g_res[many], cap, horizon)
+            f, r, _ = _fluid(now, g_t0[many], g_rem[many], g_res[:, many], cap, horizon)
             g_fin[many] = f
             g_rem[many] = r
         finished = ~np.isnan(g_fin)
@@ -373,7 +416,7 @@ def _batch_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
                 ready = np.unique(succ[indeg[succ] == 0])
                 seq = _push_groups(pending, seq, ready, ready_at[ready] + alpha[ready])
             keep = ~finished
-            act, rem, res = g_tid[keep], g_rem[keep], g_res[keep]
+            act, rem, res = g_tid[keep], g_rem[keep], g_res[:, keep]
         else:
             act, rem, res = g_tid, g_rem, g_res
         now = horizon

@@ -51,7 +51,11 @@ class Patterns:
 class Builder:
     """Accumulates transfers into flat lists (ScheduleArrays at the end)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, serialize: bool = False) -> None:
+        # serialize: transfers between one (src, dst) pair run in program order, as NCCL's
+        # connection FIFO does; this is what lets chunk j+1 of a stage overlap stage 2 of chunk j.
+        self.serialize = serialize
+        self.last: dict[tuple[int, int], int] = {}
         self.src: list[int] = []
         self.dst: list[int] = []
         self.chunk: list[int] = []
@@ -62,6 +66,11 @@ class Builder:
 
     def add(self, src: int, dst: int, chunk: int, deps: tuple[int, ...], count: int = 1,
             channel: int = 0, reduce: bool = False) -> int:  # fmt: skip
+        if self.serialize:
+            prev = self.last.get((src, dst))
+            if prev is not None and prev not in deps:
+                deps = (*deps, prev)
+            self.last[(src, dst)] = len(self.src)
         self.src.append(src)
         self.dst.append(dst)
         self.chunk.append(chunk)

@@ -46,11 +46,15 @@ def from_nodes(
     label_keys: Mapping[str, str | Sequence[str]] | None = None,
     oversubscription: float = 1.0,
     smp_bandwidth_gbps: float = 32.0,
+    keep_order: bool = False,
 ) -> ClusterTopology:
     """Join node reports and their labels (node name -> labels) into a ClusterTopology.
 
     Nodes are ordered by (core, spine, rail/leaf, name) so each switch domain holds consecutive
-    ranks. Raises TopologyError naming the node when reports disagree or labels are missing.
+    ranks (`keep_order=True` keeps the given order); the result's `nodes` order defines global
+    ranks. When no node has any fabric label, all nodes are taken to share one non-blocking
+    switch (recorded in `sources`). Raises TopologyError naming the node when reports disagree
+    or some nodes lack labels the others have.
     """
     specs = [n.spec if isinstance(n, NodeTopology) else n for n in nodes]
     if not specs:
@@ -68,10 +72,16 @@ def from_nodes(
         raise TopologyError(f"node {dup}: reported twice")
     _check_same_shape(specs)
     place = {s.node_name: _placement(s.node_name, labels.get(s.node_name, {}), keys) for s in specs}
-    if len(specs) > 1:
+    flat = not any("leaf" in p or "rail" in p for p in place.values())
+    if flat:
+        # No node carries fabric labels at all: one non-blocking switch is the only honest guess.
+        for p in place.values():
+            p["leaf"] = "unlabelled"
+    elif len(specs) > 1:
         _check_labels(specs, place, keys)
-    specs.sort(key=lambda s: (place[s.node_name].get("core", ""), place[s.node_name].get("spine", ""),
-                              place[s.node_name].get("rail", place[s.node_name].get("leaf", "")), s.node_name))
+    if not keep_order:
+        specs.sort(key=lambda s: (place[s.node_name].get("core", ""), place[s.node_name].get("spine", ""),
+                                  place[s.node_name].get("rail", place[s.node_name].get("leaf", "")), s.node_name))
     devices: list[Device] = []
     links: list[Link] = []
     nic_bw: dict[str, list[tuple[str, float]]] = {}
@@ -84,7 +94,7 @@ def from_nodes(
         if len(layers) == 1:
             fabric["linkLayer"] = layers.pop()
         cluster_nodes.append(ClusterNode(name=spec.node_name, gpus=len(spec.gpus), fabric=fabric))
-    if len(specs) > 1:
+    if any(nic_bw.values()):  # a lone node keeps its leaf too, so NIC rates survive (NCCL XML)
         _network(specs, place, nic_bw, devices, links, oversubscription)
     gpu_name = specs[0].gpus[0].name if specs[0].gpus else ""
     try:
@@ -97,6 +107,8 @@ def from_nodes(
                 "network": "node labels " + ", ".join(k for ks in keys.values() for k in ks),
                 "latency": "NCCL src/graph/tuning.cc hwLat LL: NVLink 0.6, PCI 1.0, NET 5.0 us per hop",
                 "smp": f"assumption: {smp_bandwidth_gbps:g} GB/s between CPU sockets (not probed)",
+                **({"assumption": "no node has fabric labels: all nodes assumed on one non-blocking switch"}
+                   if flat and len(specs) > 1 else {}),
             },
         )
     except ValueError as exc:

@@ -3,8 +3,9 @@
 Format as NCCL's own dumps (NCCL_TOPO_DUMP_FILE) and the files cloud images ship (see
 /work/shared/data/topologies): <system version="1"> -> <cpu numaid affinity> -> nested <pci busid
 class vendor device link_speed link_width> -> <gpu dev sm rank> with <nvlink target count tclass>,
-or <nic> with <net name dev speed port guid>. NCCL fills attributes a file leaves out (arch,
-vendor, gdr, latency...) by live detection, so only what we know is written.
+or <nic> with <net name dev speed port guid>. NCCL fills attributes a file leaves out by live
+detection (e.g. ncclTopoGetXmlFromCpu sets affinity from nodeN/cpumap and arch/vendor from CPUID
+when absent), so only what we know is written.
 
 PCI nesting follows NCCL (src/graph/xml.cc, ncclTopoGetPciNode): walking up sysfs it skips one
 level each step, so a PCIe switch appears as its upstream port and root ports vanish into the CPU.
@@ -123,7 +124,7 @@ def write_nccl_xml(spec: NodeTopologySpec) -> str:
         if gpu.compute_capability:
             major, minor = gpu.compute_capability.split(".")
             attrs["sm"] = str(int(major) * 10 + int(minor))
-        attrs["rank"] = str(gpu.index)
+        # No `rank`: ranks belong to a communicator, and NCCL sets them itself for its local GPUs.
         gel = ET.SubElement(pel, "gpu", attrs)
         counts: dict[tuple[str, str], int] = {}
         for link in gpu.nvlinks:

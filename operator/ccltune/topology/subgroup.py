@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..api.cluster import ClusterNode, ClusterTopology, DeviceKind
+from .symmetry import detect
 
 
 class SubgroupError(ValueError):
@@ -72,10 +73,4 @@ def subcluster(topo: ClusterTopology, ranks: tuple[int, ...] | list[int]) -> Clu
         links=links,
         sources=topo.sources,
     )
-    return _with_symmetry(sub)
-
-
-def _with_symmetry(sub: ClusterTopology) -> ClusterTopology:
-    from .symmetry import detect  # noqa: PLC0415  (symmetry imports api only; kept local to avoid a cycle)
-
     return detect(sub)

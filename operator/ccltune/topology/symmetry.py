@@ -272,7 +272,15 @@ def _network(topo: ClusterTopology, g: _Graph) -> list[Dimension]:
         lat += 2 * up_lat
         if size > 1:
             tier = _TIER_NAMES[level - 1] if level - 1 < len(_TIER_NAMES) else f"tier{level}"
-            dims.append(Dimension(name=tier, kind="switch", size=size, bandwidth_gbps=per_gpu, latency_us=lat))
+            last = dims[-1] if dims else None
+            if last is not None and abs(last.bandwidth_gbps - per_gpu) <= 1e-9 * max(per_gpu, 1.0):
+                # A non-blocking tier adds no bandwidth step: for scheduling it is the same
+                # switch dimension, only larger (SyCCL treats a non-blocking Clos as one switch).
+                # The slower (outer) path latency is kept.
+                dims[-1] = Dimension(name=f"{last.name}+{tier}"[:64], kind="switch", size=last.size * size,
+                                     bandwidth_gbps=per_gpu, latency_us=lat)
+            else:
+                dims.append(Dimension(name=tier, kind="switch", size=size, bandwidth_gbps=per_gpu, latency_us=lat))
         seen |= set().union(*(s for _, s in merged))
         span *= size
         domains = merged

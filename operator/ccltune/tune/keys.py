@@ -67,13 +67,17 @@ def size_points(lo: int, hi: int, factor: int = 2) -> list[int]:
 
 
 def bucket_keys(key: TaskKey, factor: int = 2) -> list[TaskKey]:
-    """Split a key's size range into buckets [p_i, p_{i+1} - 1], measured at p_i."""
-    if key.max_bytes < key.min_bytes * factor:
-        return [key]  # already one bucket
-    points = size_points(key.min_bytes, key.max_bytes, factor)
+    """Split a key's size range into buckets [p, p*f - 1] for p = min, min*f, ... (the last one
+    ends at the key's max), each measured at its lower end p."""
+    if factor < 2:
+        raise ValueError(f"size factor must be >= 2, got {factor}")
+    points, p = [], key.min_bytes
+    while p <= key.max_bytes:
+        points.append(p)
+        p *= factor
     out = []
     for i, lo in enumerate(points):
-        hi = points[i + 1] - 1 if i + 1 < len(points) else lo
+        hi = min(points[i + 1] - 1, key.max_bytes) if i + 1 < len(points) else key.max_bytes
         out.append(key.model_copy(update={"min_bytes": lo, "max_bytes": hi}))
     return out
 

@@ -24,7 +24,8 @@ from ..api.cluster import ClusterTopology
 from ..api.common import Collective, Source
 from ..api.plan import Choice, Estimate, PlanTask, TaskKey
 from ..model.busbw import algbw_gbps, busbw_gbps
-from .default import default_channels, nccl_default_config, static_time_us
+from ..topology.subgroup import subcluster
+from .default import default_channels, nccl_default_config, shrink_resources, static_time_us
 from .emit import algo_proto_env, render_nccl_conf, render_tuner_csv, tuner_rows
 from .fabric import FabricFacts, facts_for
 from .keys import bucket_keys, check_keys
@@ -265,9 +266,10 @@ def tune_tasks(
     check_keys(buckets)
     outcomes: list[tuple[TaskOutcome, FabricFacts, TaskSpace]] = []
     say = progress or (lambda _m, _d, _t: None)
+    subs: dict[tuple[int, int], ClusterTopology | None] = {}
     for i, key in enumerate(buckets):
         say(f"{key.label()} ({search.name} on {prof.name})", i, len(buckets))
-        outcomes.append(_tune_one(key, topo, prof, search, budget, seed, version, sharp, verify_reps))
+        outcomes.append(_tune_one(key, topo, prof, search, budget, seed, version, sharp, verify_reps, subs))
     say("reconciling process-wide knobs", len(buckets), len(buckets))
     g = _reconcile(outcomes, prof, verify_reps, notes)
     for outcome, _facts, _space in outcomes:
@@ -293,6 +295,7 @@ def tune_tasks(
 def _tune_one(
     key: TaskKey, topo: ClusterTopology, prof: Profiler, search: Searcher, budget: int, seed: int,
     version: tuple[int, int], sharp: bool | None, verify_reps: int,
+    subs: dict[tuple[int, int], ClusterTopology | None],
 ) -> tuple[TaskOutcome, FabricFacts, TaskSpace]:
     coll = Collective(key.collective)
     facts = facts_for(topo, key.ranks, key.nodes, sharp=sharp)
@@ -300,7 +303,7 @@ def _tune_one(
     space = prof.space(key, facts, full)
     size = key.min_bytes
     notes = list(space.notes)
-    dflt = nccl_default_config(coll, size, facts, full, _sub_topology(topo, key))
+    dflt = nccl_default_config(coll, size, facts, full, _sub_topology(topo, key, subs))
     d_measure, d_config, d_note = _measure_default(prof, key, size, dflt.config, space, verify_reps, facts)
     if d_note:
         notes.append(d_note)
@@ -327,9 +330,15 @@ def _project(space: TaskSpace, config: Config) -> Config | None:
     return None
 
 
-def _sub_topology(topo: ClusterTopology, key: TaskKey) -> ClusterTopology | None:
-    from ..topology.subgroup import subcluster
+def _sub_topology(topo: ClusterTopology, key: TaskKey, cache: dict[tuple[int, int], ClusterTopology | None]) -> ClusterTopology | None:
+    """The communicator's sub-cluster (first nodes, first GPUs of each), for model.nccl_default."""
+    shape = (key.ranks, key.nodes)
+    if shape not in cache:
+        cache[shape] = _carve(topo, key)
+    return cache[shape]
 
+
+def _carve(topo: ClusterTopology, key: TaskKey) -> ClusterTopology | None:
     per = key.ranks // key.nodes
     ranks = [n * topo.gpus_per_node + i for n in range(key.nodes) for i in range(per)]
     try:
@@ -390,15 +399,26 @@ def _measurable(space: TaskSpace, cfg: Config, prof: Profiler) -> bool:
     return True
 
 
+def _as_nccl_runs(default: Config, g: tuple[str, int, int], size: int) -> Config:
+    """NCCL's own per-call choice under the process-wide knobs: NCCL still shrinks channels and
+    threads for small messages from NCCL_NTHREADS (see default.shrink_resources)."""
+    transport, threads, buff = g
+    proto = default.impl.protocol
+    nt = default.threads if proto == "LL128" else threads
+    nc, nt = shrink_resources(size, proto, default.channels, nt) if default.impl.algorithm != "p2p" else (default.channels, nt)
+    return Config(Impl(default.impl.algorithm, proto, transport), nc, nt, buff if proto == "Simple" else default.buffsize)
+
+
 def _finish(outcome: TaskOutcome, prof: Profiler, g: tuple[str, int, int], reps: int,
             synthesized: SynthSource | None) -> None:
     o = outcome
     if o.searched is not None and o.deployed is not None:
         tuned = _apply(o.deployed, g)
-        m = prof.measure(o.key, o.size, tuned, reps)
+        # The same configuration as NCCL's default is the same run: report one number for both.
+        m = o.default_measure if tuned == o.default else prof.measure(o.key, o.size, tuned, reps)
         o.deployed, o.chosen_measure = tuned, m
         if o.default is not None and m.time_us > o.default_measure.time_us:
-            keep = _apply(o.default, g)
+            keep = _as_nccl_runs(o.default, g, o.size)
             if keep != tuned:
                 km = prof.measure(o.key, o.size, keep, reps)
                 if km.time_us < m.time_us:

@@ -134,7 +134,7 @@ def transport_env(transport: str) -> dict[str, str]:
 
 
 def command(
-    collective: Collective,
+    collective: Collective | str,
     size: int,
     *,
     launcher: list[str] | None = None,
@@ -144,6 +144,7 @@ def command(
     dtype: str = "float",
 ) -> list[str]:
     """argv for one size of one nccl-tests binary (one GPU per process, as under mpirun/srun)."""
+    collective = Collective(collective)
     binary = BINARIES[collective]
     path = f"{bindir.rstrip('/')}/{binary}" if bindir else binary
     argv = [*(launcher or []), path, "-b", str(size), "-e", str(size), "-f", "2", "-g", "1",

@@ -10,7 +10,14 @@
    AutoCCL, which visits every subspace).
 3. Convergence: a full round over the dimensions at step 1 without a relative gain above `eps`
    (measurement noise level) ends a subspace; the search ends when every subspace converged or the
-   budget is spent.
+   budget is spent. A step that lands on a plateau (within `flat_tol`) probes up to `plateau` steps
+   further before giving up on that direction (NCCL's surfaces have flat stretches, e.g. buffer
+   sizes above the per-channel share of the message).
+4. Noise: a gain smaller than `confirm`, or a loss smaller than `tie`, is re-measured (both
+   points, `confirm_reps` more repetitions each) before it is judged, so noise neither walks the
+   descent off course nor hides a real small gain.
+5. The `finalists` best configurations are re-measured with `verify_reps` more repetitions and
+   the winner is picked on the combined mean (no new configurations, so no extra trials).
 """
 
 from __future__ import annotations
@@ -25,6 +32,13 @@ from .base import BudgetExhausted, Evaluate, Log, SearchResult, check_budget, po
 class AutoCCLSearcher:
     eps: float = 0.01
     prune_margin: float | None = None
+    plateau: int = 2  # steps probed across a flat stretch before giving up on a direction
+    flat_tol: float = 0.05  # "flat" = within this of the current value (above the noise level)
+    confirm: float = 0.06  # gains below this are confirmed with `confirm_reps` more repetitions
+    confirm_reps: int = 2
+    tie: float = 0.03  # ... and so are results up to this much worse
+    finalists: int = 3  # best configurations re-measured at the end
+    verify_reps: int = 2  # extra repetitions for each finalist
     reps: int = 1
     name: str = "autoccl"
 
@@ -49,8 +63,9 @@ class AutoCCLSearcher:
         except BudgetExhausted:
             converged = False
             reason = f"budget of {budget} trials spent"
+        self._verify(log)
         best, value = log.best()
-        return SearchResult(best, value, log.trials, converged, reason)
+        return SearchResult(best, value, log.trials, converged, reason, extra_measurements=log.verified)
 
     def _descend(self, sub: Subspace, idx: tuple[int, int, int], value: float, log: Log) -> None:
         dims = [d for d in range(3) if len(sub.values[d]) > 1]
@@ -58,26 +73,44 @@ class AutoCCLSearcher:
         cur, cur_v = list(idx), value
         while dims:
             improved = False
+            at_one = all(steps[d] == 1 for d in dims)  # converge only after a round at step 1
             for d in dims:
                 moved = False
                 for direction in (1, -1):
+                    probe, flats = list(cur), 0
                     while True:
-                        nxt = self._move(sub, cur, d, direction * steps[d])
+                        nxt = self._move(sub, probe, d, direction * steps[d])
                         if nxt is None:
                             break
-                        v = log(sub.config(point_at(sub, nxt)))
+                        cand = sub.config(point_at(sub, nxt))
+                        v = log(cand)
+                        if cur_v * (1 - self.confirm) < v < cur_v * (1 + self.tie) and self.confirm_reps:
+                            # A small gain (or a near tie) may be noise: measure both points again.
+                            v = log.refine(cand, self.confirm_reps)
+                            cur_v = log.refine(sub.config(point_at(sub, (cur[0], cur[1], cur[2]))), self.confirm_reps)
                         if v < cur_v * (1 - self.eps):
                             cur, cur_v = list(nxt), v
+                            probe, flats = list(nxt), 0
                             moved = improved = True
                             steps[d] = min(steps[d] * 2, len(sub.values[d]) - 1)
+                        elif v <= cur_v * (1 + self.flat_tol) and flats < self.plateau:
+                            probe, flats = list(nxt), flats + 1  # flat: look past the plateau
                         else:
                             break
                     if moved:
                         break
                 if not moved:
                     steps[d] = max(1, steps[d] // 2)
-            if not improved and all(s == 1 for s in steps.values()):
+            if not improved and at_one:
                 return
+
+    def _verify(self, log: Log) -> None:
+        """Re-measure the closest contenders so that noise does not pick the winner."""
+        ranked = sorted(log.cache, key=lambda c: (log.cache[c], c))[: self.finalists]
+        if len(ranked) < 2 or self.verify_reps < 1:
+            return
+        for c in ranked:
+            log.refine(c, self.verify_reps)
 
     @staticmethod
     def _move(sub: Subspace, cur: list[int], d: int, delta: int) -> tuple[int, int, int] | None:

@@ -27,6 +27,7 @@ class SearchResult:
     trials: list[Trial]
     converged: bool
     reason: str  # why the search stopped
+    extra_measurements: int = 0  # repetitions spent re-measuring finalists
 
     @property
     def n_trials(self) -> int:
@@ -34,7 +35,7 @@ class SearchResult:
 
     @property
     def n_measurements(self) -> int:
-        return sum(t.reps for t in self.trials)
+        return sum(t.reps for t in self.trials) + self.extra_measurements
 
 
 class Searcher(Protocol):
@@ -58,6 +59,8 @@ class Log:
     reps: int = 1
     trials: list[Trial] = field(default_factory=list)
     cache: dict[Config, float] = field(default_factory=dict)
+    verified: int = 0  # repetitions spent re-measuring configurations already in the log
+    nreps: dict[Config, int] = field(default_factory=dict)
 
     def __call__(self, config: Config) -> float:
         if config in self.cache:
@@ -67,7 +70,17 @@ class Log:
         value = self.evaluate(config, self.reps)
         self.trials.append(Trial(config, value, self.reps))
         self.cache[config] = value
+        self.nreps[config] = self.reps
         return value
+
+    def refine(self, config: Config, reps: int) -> float:
+        """More repetitions of a measured configuration; the mean over all of them (no new trial)."""
+        extra = self.evaluate(config, reps)
+        n = self.nreps[config]
+        self.cache[config] = (self.cache[config] * n + extra * reps) / (n + reps)
+        self.nreps[config] = n + reps
+        self.verified += reps
+        return self.cache[config]
 
     @property
     def left(self) -> int:

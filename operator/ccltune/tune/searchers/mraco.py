@@ -2,7 +2,8 @@
 resource, and convergence by gain and by the stability of what the sampler proposes.
 
 - Exploration: optuna's TPE sampler (seeded, multivariate, grouped for the conditional resource
-  parameters of each implementation subspace). NCCL's default is enqueued as the first trial.
+  parameters of each implementation subspace). NCCL's default is enqueued as the first trial and
+  its resources in every other subspace after it (warm start: TPE then models every subspace).
 - Multi-resource: a trial is measured one repetition at a time, reporting the running mean;
   Hyperband (min 1, max `max_reps` repetitions, reduction factor 3) stops unpromising trials after
   few repetitions, so most of the measurement time goes to good configurations.
@@ -35,6 +36,7 @@ class MracoSearcher:
     gain_eps: float = 0.005
     tv_eps: float = 0.25
     startup_trials: int = 10
+    warm_start: bool = True
     name: str = "mraco"
 
     def search(
@@ -47,7 +49,8 @@ class MracoSearcher:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler = optuna.samplers.TPESampler(
                 seed=seed, multivariate=True, group=True,
-                n_startup_trials=min(self.startup_trials, max(3, budget // 4)),
+                n_startup_trials=min(self.startup_trials + (len(space.subspaces) if self.warm_start else 0),
+                                     max(3, budget // 4)),
             )
         pruner = optuna.pruners.HyperbandPruner(
             min_resource=1, max_resource=self.max_reps, reduction_factor=self.reduction_factor
@@ -56,9 +59,12 @@ class MracoSearcher:
         study = optuna.create_study(
             study_name=f"mraco-{seed}", direction="minimize", sampler=sampler, pruner=pruner
         )
-        if start is not None and start.impl.label() in subs:
-            sub0 = subs[start.impl.label()]
-            study.enqueue_trial(self._params(sub0, sub0.config(point_at(sub0, start_index(sub0, start)))))
+        # Warm start: NCCL's default first, then that default's resources in every other subspace
+        # (one trial each, as AutoCCL's phase 1), so TPE's model sees every implementation.
+        firsts = sorted(space.subspaces, key=lambda s: (start is None or s.impl != start.impl, s.impl))
+        for sub in firsts if self.warm_start else firsts[:1]:
+            if start is not None or self.warm_start:
+                study.enqueue_trial(self._params(sub, sub.config(point_at(sub, start_index(sub, start)))))
         trials: list[Trial] = []
         done: dict[Config, Trial] = {}
         completed: list[Trial] = []

@@ -1,0 +1,98 @@
+"""`ccltune synthesize`: SyCCL schedule synthesis for one collective, MSCCL XML out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..api.common import Collective, format_size, parse_size
+from ..synth.engine import SynthesisResult, synthesize
+from ..topology.load import load_cluster
+from .common import console, fail, user_errors
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1K:1G' (every power of two, as nccl-tests -f 2), '1K,64K,1M', or one size."""
+    text = text.strip()
+    if ":" in text:
+        lo_s, hi_s = text.split(":", 1)
+        lo, hi = parse_size(lo_s), parse_size(hi_s)
+        if lo > hi:
+            raise ValueError(f"--sizes {text}: the first size is larger than the last")
+        out, s = [], lo
+        while s < hi:
+            out.append(s)
+            s *= 2
+        out.append(hi)
+        return out
+    return [parse_size(p) for p in text.split(",") if p.strip()]
+
+
+def _table(res: SynthesisResult) -> Table:
+    t = Table(title=f"{res.collective.value} on {res.cluster} ({res.nranks} ranks)")
+    for col in ("size", "chosen", "proto", "time us", "NCCL default us", "bound us", "busbw GB/s",
+                "% of bound", "vs NCCL", "source"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("chosen", "proto", "source") else "right")
+    for s in res.sizes:
+        t.add_row(
+            format_size(s.size_bytes), s.chosen, s.protocol, f"{s.estimate.time_us:.1f}",
+            f"{s.default.time_us:.1f}", f"{s.bound_us:.1f}", f"{s.estimate.busbw_gbps:.1f}",
+            f"{s.estimate.pct_of_bound or 0:.0f}%", f"{s.default.time_us / s.estimate.time_us:.2f}x",
+            f"{s.estimate.source}",
+        )  # fmt: skip
+    return t
+
+
+def synthesize_cmd(
+    cluster: str | None = typer.Option(None, "--cluster", "-c", help="Preset name or cluster YAML file."),
+    network: Path | None = typer.Option(None, "--network", help="ASTRA-sim network YAML."),
+    collective: str = typer.Option(..., "--collective", help="allgather, reducescatter, allreduce, alltoall or broadcast."),
+    sizes: str = typer.Option("1K:1G", "--sizes", help="LO:HI (powers of two) or a comma list."),
+    out: Path = typer.Option(Path("msccl"), "--out", "-o", help="Directory for the MSCCL XML files."),
+    budget: float = typer.Option(120.0, "--time-budget", help="Seconds; the best found so far is used when it runs out."),
+    workers: int = typer.Option(1, "--workers", help="Processes for sub-demand MILPs."),
+) -> None:
+    """Synthesize schedules per size range (SyCCL) and write MSCCL algorithm files."""
+    with user_errors():
+        if (cluster is None) == (network is None):
+            fail("give exactly one of --cluster PRESET|FILE or --network ASTRA.yaml")
+        try:
+            coll = Collective(collective.lower())
+        except ValueError:
+            fail(f"--collective {collective!r}: use one of {', '.join(c.value for c in Collective)}")
+        size_list = parse_sizes(sizes)
+        topo = load_cluster(str(network) if network is not None else str(cluster))
+        if budget <= 0:
+            fail("--time-budget must be positive")
+        if workers < 1:
+            fail("--workers must be >= 1")
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:  # fmt: skip
+            task = bar.add_task("sketch search", total=1.0)
+
+            def report(msg: str, frac: float) -> None:
+                bar.update(task, description=msg, completed=frac)
+
+            res = synthesize(topo, coll, size_list, time_budget_s=budget, workers=workers,
+                             out_dir=out, progress=report)  # fmt: skip
+    if res.stats is not None:
+        st = res.stats
+        console.print(f"sketches: {st.raw} raw -> {st.after_relay_bound} with bounded relays -> "
+                      f"{st.kept} after isomorphism pruning", highlight=False)  # fmt: skip
+    console.print(_table(res))
+    for rr in res.ranges:
+        hi = "inf" if rr.max_bytes == 0 else format_size(rr.max_bytes + 1)
+        where = rr.xml_file or "NCCL (no file)"
+        console.print(f"  {format_size(max(rr.min_bytes, 1))}..{hi}: {rr.label} {rr.protocol} -> {where}",
+                      highlight=False)  # fmt: skip
+    for note in res.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    console.print(f"synthesis took {res.timings.get('total_s', 0):.1f} s; every time above is "
+                  "simulated (bound: analytic lower bound)", highlight=False)  # fmt: skip
+
+
+def register(app: typer.Typer) -> None:
+    app.command("synthesize")(synthesize_cmd)

@@ -1,0 +1,21 @@
+"""Small symmetric clusters built the way users describe them (ClusterSpec -> graph -> dims)."""
+
+from __future__ import annotations
+
+from ccltune.api.cluster import ClusterTopology
+from ccltune.topology.builder import build
+from ccltune.topology.spec import ClusterSpec, IntraNode, Network, Nics, Tier
+from ccltune.topology.symmetry import detect
+
+
+def make_cluster(gpus: int, servers: int, fabric: str = "nvswitch", layout: str = "rail",
+                 nvlink: float = 100.0, nic_gbps: float = 200.0, tiers: list[int] | None = None) -> ClusterTopology:  # fmt: skip
+    if fabric == "nvswitch":
+        intra = IntraNode(fabric="nvswitch", bandwidth_gbps=nvlink)
+    else:
+        intra = IntraNode(fabric=fabric, link_bandwidth_gbps=nvlink)  # type: ignore[arg-type]
+    net = Network(layout=layout, tiers=[Tier(name=f"t{i}", size=s) for i, s in enumerate(tiers or [])])  # type: ignore[arg-type]
+    spec = ClusterSpec(name=f"t-{fabric}-{gpus}x{servers}", servers=servers, gpus_per_server=gpus,
+                       intra_node=intra, nics=Nics(per_server=gpus, rate_gbps=nic_gbps),
+                       network=net)  # fmt: skip
+    return detect(build(spec))
