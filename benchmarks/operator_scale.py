@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "controller"))
 
-from harness import cluster_at, operator_env, start_operator  # noqa: E402
+import httpx  # noqa: E402
+from harness import cluster_at, free_port, operator_env, start_operator  # noqa: E402
 
 from ccltune_agent.nvml import ReplayNvml  # noqa: E402
 from ccltune_agent.probe import probe  # noqa: E402
@@ -35,6 +36,14 @@ def peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def scrape(port: int, series: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
     return float("nan")
 
 
@@ -66,8 +75,9 @@ def main() -> None:
             c.create({"apiVersion": GV, "kind": "NodeTopology", "metadata": {"name": name}, "spec": spec})
         setup_s = time.monotonic() - t0
 
-        op = start_operator(c, operator_env(c, CCLTUNE_INPROCESS_MAX_GPUS="100000",
-                                            CCLTUNE_RETRY_SECONDS="2"), name="operator-bench")
+        metrics_port = free_port()
+        op = start_operator(c, operator_env(c, CCLTUNE_INPROCESS_MAX_GPUS="100000", CCLTUNE_RETRY_SECONDS="2",
+                                            CCLTUNE_METRICS_PORT=str(metrics_port)), name="operator-bench")
         try:
             time.sleep(3)  # operator startup, not counted
             t1 = time.monotonic()
@@ -96,6 +106,7 @@ def main() -> None:
             all_ready_s = time.monotonic() - t1
             peak = peak_rss_mib(op.proc.pid)
             requests = sum(1 for r in c.api_log() if r["identity"] == "operator")
+            plan_s = scrape(metrics_port, 'ccltune_plan_duration_seconds_sum{where="operator"}')
         finally:
             op.stop()
 
@@ -105,6 +116,8 @@ def main() -> None:
     print(f"| {args.nodes} | {args.tunings} | {8 * args.nodes_per_tuning} | 64K..{args.max_bytes} | "
           f"{all_ready_s:.1f} | {peak:.0f} | {requests} |")
     print()
+    print(f"(build_plan inside the operator took {plan_s:.1f}s of that in total, from its "
+          "ccltune_plan_duration_seconds metric; measured)")
     print(f"(setup of {args.nodes} Nodes + NodeTopologies: {setup_s:.1f}s, not counted; measured)")
     print(f"machine: nproc={__import__('os').cpu_count()}, python {platform.python_version()}, {cpu_model()}")
 

@@ -165,13 +165,13 @@ def main() -> int:
         print(f"done {label} {n}x{c}: {t2 - t1:.1f}s", file=sys.stderr, flush=True)
     head = (
         "| schedule | ranks | chunks/rank | transfers | events | build s | wall s | cpu s "
-        "| events/s (wall) | simulated time us | simulated busbw GB/s | engine |"
+        "| events/s (wall) | events/s (cpu) | simulated time us | simulated busbw GB/s | engine |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         lines.append(
             f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:,} | {r[4]:,} | {r[5]:.1f} | {r[6]:.1f} "
-            f"| {r[7]:.1f} | {r[8]:,.0f} | {r[9]:,.1f} | {r[10]:.2f} | {r[11]} |"
+            f"| {r[7]:.1f} | {r[8]:,.0f} | {r[4] / r[7]:,.0f} | {r[9]:,.1f} | {r[10]:.2f} | {r[11]} |"
         )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     out = "\n".join(
@@ -182,7 +182,8 @@ def main() -> int:
             *notes,
             f"machine: {machine()}; load average at the end: {load:.1f}",
             "wall s / cpu s: simulate() only (routing, array preparation and events), "
-            "build s: constructing the schedule",
+            "build s: constructing the schedule; cpu s is this process's CPU time, the fair "
+            "figure when other jobs share the 2 cores (see the load average)",
             "",
             *lines,
         ]

@@ -3,7 +3,9 @@
 For each preset and collective, runs `synthesize` over 1 KiB .. 1 GiB (powers of two) `--repeat`
 times and prints a markdown table:
 - synthesis wall time, mean and max over the repeats: `synth` excludes the reference work (NCCL's
-  default choice simulated at every size, and the lower bounds), `total` includes it;
+  default choice simulated at every size, and the lower bounds), `total` includes it; `core` is
+  sketch search + MILPs + combination + assembly (no simulation), `eval/size` the simulator-based
+  selection per size point;
 - busbw of the chosen schedule as % of the lower bound, worst size >= 64 MiB;
 - speedup over NCCL's default choice: worst size (>= 1.0 means never slower) and at 1 GiB;
 - whether the budget ran out. Every time is simulated (model/simulate.py), the bound analytic.
@@ -29,11 +31,13 @@ PUBLISHED = {"syccl-a800-16": "0.8 s", "syccl-a800-32": "9.0 s", "h800-rail-64":
              "h800-rail-512": "2246 s"}  # fmt: skip
 
 
-def sizes(lo: int, hi: int) -> list[int]:
+def sizes(lo: int, hi: int, step: int = 2) -> list[int]:
     out, s = [], lo
     while s <= hi:
         out.append(s)
-        s *= 2
+        s *= step
+    if out[-1] != hi:
+        out.append(hi)
     return out
 
 
@@ -44,21 +48,22 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--min-bytes", type=int, default=1 << 10)
     ap.add_argument("--max-bytes", type=int, default=1 << 30)
+    ap.add_argument("--step", type=int, default=2, help="size factor between points (nccl-tests -f)")
     ap.add_argument("--budget", type=float, default=600.0, help="time budget per synthesis, s")
     ap.add_argument("--workers", type=int, default=1)
     args = ap.parse_args()
-    sz = sizes(args.min_bytes, args.max_bytes)
+    sz = sizes(args.min_bytes, args.max_bytes, args.step)
     print(f"sizes {len(sz)} ({sz[0]}..{sz[-1]} B), repeat {args.repeat}, budget {args.budget:g} s, "
           f"python {platform.python_version()}")  # fmt: skip
     print()
-    print("| preset | GPUs | collective | synth s mean | synth s max | total s mean | "
+    print("| preset | GPUs | collective | core s mean | eval s per size | synth s mean | synth s max | total s mean | "
           "worst % of bound >= 64M | worst speedup vs NCCL | speedup at max size | budget out | "
           "SyCCL published (AG) |")  # fmt: skip
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for preset in args.presets.split(","):
         topo = load_preset(preset)
         for coll in args.collectives.split(","):
-            synth_t, total_t = [], []
+            synth_t, total_t, core_t, eval_t = [], [], [], []
             res = None
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
@@ -67,12 +72,16 @@ def main() -> None:
                 total = time.perf_counter() - t0
                 total_t.append(total)
                 synth_t.append(total - res.timings.get("reference_s", 0.0))
+                tm = res.timings
+                core_t.append(sum(tm.get(k, 0.0) for k in ("coarse_s", "combine_s", "fine_s", "assemble_s")))
+                eval_t.append(tm.get("evaluate_s", 0.0) / len(sz))
             assert res is not None
             big = [s for s in res.sizes if s.size_bytes >= 64 << 20]
             pct = min((s.estimate.pct_of_bound or 0.0) for s in big) if big else float("nan")
             speed = [s.default.time_us / s.estimate.time_us for s in res.sizes]
             pub = PUBLISHED.get(preset, "") if coll == "allgather" else ""
-            print(f"| {preset} | {topo.world_size} | {coll} | {statistics.mean(synth_t):.2f} | "
+            print(f"| {preset} | {topo.world_size} | {coll} | {statistics.mean(core_t):.2f} | "
+                  f"{statistics.mean(eval_t):.2f} | {statistics.mean(synth_t):.2f} | "
                   f"{max(synth_t):.2f} | {statistics.mean(total_t):.2f} | {pct:.0f}% | "
                   f"{min(speed):.2f}x | {speed[-1]:.2f}x | {'yes' if res.budget_exhausted else 'no'} | "
                   f"{pub} |", flush=True)  # fmt: skip

@@ -104,7 +104,8 @@ def agents(cluster: Cluster) -> Iterator[list[Process]]:
 def operator(cluster: Cluster, agents: list[Process]) -> Iterator[Operator]:
     # Tunings with tuning enabled exceed this trial budget, so they plan in Jobs.
     op = Operator(cluster, operator_env(cluster, CCLTUNE_INPROCESS_MAX_TRIALS="50",
-                                        CCLTUNE_TOPOLOGY_TIMEOUT_SECONDS="3"))
+                                        CCLTUNE_TOPOLOGY_TIMEOUT_SECONDS="3",
+                                        CCLTUNE_METRICS_PORT=str(free_port())))
     try:
         yield op
     finally:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +44,13 @@ def test_unknown_key_in_file(tmp_path: Path) -> None:
     path.write_text("agent_imag: x\n")
     with pytest.raises(ConfigError, match="agent_imag"):
         load_config({"CCLTUNE_CONFIG": str(path)})
+
+
+def test_operator_refuses_bad_config_in_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CCLTUNE_")}
+    env.update(CCLTUNE_INPROCESS_MAX_GPUS="lots", KUBECONFIG=str(tmp_path / "none"))
+    proc = subprocess.run([sys.executable, "-m", "kopf", "run", "--standalone", "-A", "-m", "ccltune.controller.main"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and "CCLTUNE_INPROCESS_MAX_GPUS" in lines[0], lines

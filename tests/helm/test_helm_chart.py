@@ -58,10 +58,15 @@ def test_recommended_labels(rendered: Rendered) -> None:
 
 
 def test_namespaced_objects_in_release_namespace(rendered: Rendered) -> None:
+    """Everything lives in the release namespace, except the operator's RoleBindings in the
+    namespaces it watches (namespaced mode)."""
+    watched = set(rendered.values_merged()["operator"]["watchNamespaces"])
     for doc in _templated(rendered):
         ns = doc["metadata"].get("namespace")
         if doc["kind"] in CLUSTER_SCOPED:
             assert ns is None, f"{doc['kind']} is cluster-scoped"
+        elif doc["kind"] == "RoleBinding" and ns in watched:
+            assert doc["metadata"]["name"].endswith("-operator-tenant")
         else:
             assert ns == NAMESPACE, f"{doc['kind']}/{doc['metadata']['name']} in {ns}"
 
@@ -282,3 +287,22 @@ def test_packaged_chart_renders_the_same(helm: Path, tmp_path: Path) -> None:
     assert kinds == direct
     bad = run_helm(helm, "template", "x", str(tgz), "--set", "webhook.failurePolicy=Maybe")
     assert bad.returncode != 0, "values.schema.json must travel with the package"
+
+
+def test_helm_test_pod_is_restricted_and_runs_valid_python(rendered: Rendered) -> None:
+    """`helm test` smoke Pod: Pod Security 'restricted', never injected, and its script compiles."""
+    pods = [p for p in rendered.of_kind("Pod")
+            if p["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    values = rendered.values_merged()
+    if not values["webhook"]["enabled"] and not values["operator"]["metricsPort"]:
+        assert not pods
+        return
+    (pod,) = pods
+    assert pss.violations(pod["spec"]) == []
+    assert pod["metadata"]["labels"]["ccltune.io/inject"] == "false"
+    (container,) = pod["spec"]["containers"]
+    assert container["command"] == ["python", "-c"]
+    compile(container["args"][0], "smoke-test", "exec")
+    if "/metrics" in container["args"][0]:
+        svc = rendered.one("Service", "-metrics")["metadata"]["name"]
+        assert f"http://{svc}:" in container["args"][0]

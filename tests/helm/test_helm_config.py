@@ -7,6 +7,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ccltune.controller.config import OperatorConfig, load_config
 from ccltune.controller.daemonset import node_terms, render
 
@@ -84,11 +86,16 @@ def test_agent_reads_the_mounted_host_sysfs(rendered: Rendered) -> None:
     cfg = operator_config(rendered)
     pod = render(cfg, node_terms([], cfg.gpu_label))["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    args = parser().parse_args(["run", *container["args"]])
+    argv = list(container["args"])
+    args = parser().parse_args(argv if argv[:1] == ["run"] else ["run", *argv])
     host_sys = {v["name"] for v in pod["volumes"] if v.get("hostPath", {}).get("path") == "/sys"}
     mounts = {m["mountPath"] for m in container["volumeMounts"] if m["name"] in host_sys}
     assert str(Path(args.sysfs_root) / "sys") in mounts
     assert args.interval == rendered.values_merged()["agent"]["probeIntervalSeconds"]
+    # The probes the operator puts on the DaemonSet hit the port the agent listens on.
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    assert container["livenessProbe"]["httpGet"]["port"] == "health"
+    assert ports["health"] == int(args.health_addr.rpartition(":")[2])
 
 
 def test_plan_job_from_chart_settings_is_restricted(rendered: Rendered) -> None:
@@ -104,3 +111,23 @@ def test_plan_job_from_chart_settings_is_restricted(rendered: Rendered) -> None:
     jobs_values = rendered.values_merged()["jobs"]
     assert pod["containers"][0]["resources"] == jobs_values["resources"]
     assert job["spec"]["ttlSecondsAfterFinished"] == jobs_values["ttlSecondsAfterFinished"]
+
+
+def test_images_follow_values(helm: Path) -> None:
+    from .chart import CHART, render
+
+    base = render(helm, [CHART / "values.yaml"])
+    cfg = operator_config(base)
+    assert cfg.agent_image == cfg.operator_image  # one image for every role by default
+    pinned = render(helm, [CHART / "values.yaml"], [
+        "image.digest=sha256:" + "a" * 64,
+        "agent.image.repository=registry.example/agent", "agent.image.tag=9.9",
+    ])
+    cfg = operator_config(pinned)
+    assert cfg.operator_image == "ghcr.io/ccltune/ccltune@sha256:" + "a" * 64
+    # The top-level digest belongs to the top-level repository, never to another one.
+    assert cfg.agent_image == "registry.example/agent:9.9"
+    tag_only = operator_config(render(helm, [CHART / "values.yaml"], ["agent.image.tag=1.2.3"]))
+    assert tag_only.agent_image == "ghcr.io/ccltune/ccltune:1.2.3"
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert tag_only.operator_image == f"ghcr.io/ccltune/ccltune:{app_version}"

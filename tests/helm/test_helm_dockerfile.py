@@ -4,6 +4,7 @@ command the chart and the operator start exists as a console script, and the bui
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -172,13 +173,17 @@ def test_commands_the_chart_and_operator_start_exist(rendered: Rendered) -> None
             assert importlib.util.find_spec(module), f"{' '.join(argv)}: no module {module}"
 
 
+def _join(base: str, name: str) -> str:
+    return name if base == "." else f"{base}/{name}"
+
+
 def _build_context(dest: Path) -> None:
     """Copy what `docker build .` would send: the repository minus .dockerignore."""
     patterns = _ignore_patterns()
     has_negation = any(p.startswith("!") for p in patterns)
     for root, dirs, files in os.walk(REPO_ROOT):
         base = Path(root).relative_to(REPO_ROOT).as_posix()
-        rel = (lambda n: n) if base == "." else (lambda n: f"{base}/{n}")
+        rel = functools.partial(_join, base)
         # Prune ignored directories unless a `!` pattern could re-include something below them.
         dirs[:] = [d for d in dirs if not _ignored(rel(d), patterns)
                    or (has_negation and any(p.lstrip("!").startswith(rel(d) + "/")

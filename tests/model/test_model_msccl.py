@@ -413,5 +413,53 @@ def test_checker_rejects_a_dropped_or_duplicated_transfer(s: Schedule, data: st.
     if t.reduce:
         again = Schedule(s.name, s.collective, s.nranks, s.chunks_per_rank, list(s.transfers))
         again.add(Transfer(t.src, t.dst, t.chunk, t.count, True, (len(s.transfers) - 1,)))
-        with pytest.raises(ScheduleError, match="double-counts|race|wrong"):
+        with pytest.raises(ScheduleError, match=r"double-counts|race|wrong"):
             check_schedule(again)
+
+
+def foreign_inplace_allgather(n: int, c: int) -> str:
+    """An algorithm in the style of msccl-executor-nccl's shipped ndv5 allgather files: in place
+    (i_chunks=0, sends read the aliased output), one send-only or recv-only tb per peer and
+    chunk, chunk j of every rank on channel j, every rank sending straight to every peer."""
+    lines = [
+        f'<algo name="ag_direct" proto="LL" nchannels="{c}" nchunksperloop="{n * c}" ngpus="{n}" '
+        f'coll="allgather" inplace="1" outofplace="0" minBytes="0" maxBytes="0">'
+    ]
+    step = 'depid="-1" deps="-1" hasdep="0"'
+    for g in range(n):
+        lines.append(f'  <gpu id="{g}" i_chunks="0" o_chunks="{n * c}" s_chunks="0">')
+        tb = 0
+        for p in range(n):
+            for j in range(c):
+                if p != g:
+                    off = p * c + j
+                    lines.append(
+                        f'    <tb id="{tb}" send="-1" recv="{p}" chan="{j}"><step s="0" type="r" '
+                        f'srcbuf="o" srcoff="{off}" dstbuf="o" dstoff="{off}" cnt="1" {step}/></tb>'
+                    )
+                    tb += 1
+        for p in range(n):
+            for j in range(c):
+                if p != g:
+                    off = g * c + j
+                    lines.append(
+                        f'    <tb id="{tb}" send="{p}" recv="-1" chan="{j}"><step s="0" type="s" '
+                        f'srcbuf="o" srcoff="{off}" dstbuf="o" dstoff="{off}" cnt="1" {step}/></tb>'
+                    )
+                    tb += 1
+        lines.append("  </gpu>")
+    lines.append("</algo>")
+    return "\n".join(lines)
+
+
+def test_import_foreign_inplace_algorithm() -> None:
+    xml = foreign_inplace_allgather(4, 2)
+    assert schema_problems(xml) == []
+    s = from_msccl_xml(xml)
+    assert (s.collective, s.nranks, s.chunks_per_rank, s.protocol) == ("allgather", 4, 2, "LL")
+    check_schedule(s)
+    assert len(s.transfers) == 4 * 3 * 2
+    assert {t.channel for t in s.transfers} == {0, 1}
+    # and back out in our own lowering, which is valid out of place and in place
+    again = from_msccl_xml(to_msccl_xml(s, name="again", proto="LL", inplace=True))
+    assert per_chunk(again) == per_chunk(s)

@@ -245,3 +245,13 @@ def test_engines_agree_and_respect_causality(
         fastest = chunk * t.count / (min(router.path_bandwidth(t.src, t.dst) * 0.9,
                                          6.0 if cap else math.inf) * 1e3)  # fmt: skip
         assert a.finish_us[i] - a.start_us[i] >= fastest * (1 - 1e-9)
+
+
+def test_batch_engine_matches_closed_form_on_a_larger_ring() -> None:
+    """56 ranks x 8 chunks, all chunks of a step sharing the link: many windows, contended."""
+    n, c, bw, lat, size = 56, 8, 25.0, 0.7, 2**26
+    res = simulate(ring_allgather(n, c, False), ring_topo(n, bw, lat), size)
+    assert res.engine == "batch"
+    expect = (n - 1) * (SIMPLE.step_latency_us + lat + c * (size / (n * c)) / (bw * 1e3))
+    assert res.time_us == pytest.approx(expect, rel=1e-9)
+    assert res.events == 2 * n * (n - 1) * c

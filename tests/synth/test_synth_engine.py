@@ -29,8 +29,11 @@ def test_budget_exhaustion_returns_best_so_far(tmp_path: Path) -> None:
                      out_dir=tmp_path)  # fmt: skip
     assert res.budget_exhausted
     assert any("budget" in n for n in res.notes)
-    assert len(res.sizes) == 3
+    # The ends of the sweep are always evaluated; the size between them is reported as skipped.
+    assert [s.size_bytes for s in res.sizes] == [1024, 1 << 26]
+    assert any("1M" in n for n in res.notes)
     assert all(s.estimate.time_us <= s.default.time_us for s in res.sizes)
+    assert res.ranges[0].min_bytes == 0 and res.ranges[-1].max_bytes == 0
 
 
 def test_ranges_tile_the_sizes_and_numbers_say_simulated(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from ccltune.synth.milp import SubDemand, _lower_bound, _valid, greedy, solve
 def test_patterns_deliver_every_piece(kind: str, size: int, symmetric: bool, pieces: int) -> None:
     d = SubDemand(GroupTopo(kind, size, 100.0, 1.0), (0,), tuple(range(1, size)), symmetric, pieces)
     s = solve(d, time_limit_s=1.0)
-    assert _valid(d, list(s.sends))  # type: ignore[arg-type]
+    assert _valid(d, list(s.sends))
     assert s.epochs >= _lower_bound(d)
     g = greedy(d)
     assert s.epochs <= 1 + max(t for t, *_ in g)

@@ -13,7 +13,7 @@ from ccltune.synth.sketch import search
 
 
 def _dims(*spec: tuple[str, int]) -> list[Dimension]:
-    return [Dimension(name=f"d{i}", kind=k, size=n, bandwidth_gbps=10.0 * (i + 1))  # type: ignore[arg-type]
+    return [Dimension(name=f"d{i}", kind=k, size=n, bandwidth_gbps=10.0 * (i + 1))
             for i, (k, n) in enumerate(spec)]  # fmt: skip
 
 

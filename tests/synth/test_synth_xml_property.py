@@ -6,13 +6,12 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synth_helpers import make_cluster
 
 from ccltune.api.common import Collective
 from ccltune.model.check import check_schedule
 from ccltune.model.msccl import from_msccl_xml
 from ccltune.synth.engine import synthesize
-
-from synth_helpers import make_cluster
 
 clusters = st.builds(
     make_cluster,

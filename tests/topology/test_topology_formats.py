@@ -209,3 +209,59 @@ def test_dgx1_example_gives_every_v100_its_six_nvlinks() -> None:
             for end in (lk.a, lk.b):
                 per_gpu[end] = per_gpu.get(end, 0.0) + lk.bandwidth_gbps
     assert per_gpu == {f"node0/gpu{i}": 150.0 for i in range(8)}
+
+
+def test_json_wire_form_as_kubectl_prints_it(tmp_path: Path) -> None:
+    import json
+
+    topo = load_preset("mi300x-8")
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"apiVersion": "ccltune.io/v1alpha1", "kind": "ClusterTopology", **topo.wire()}))
+    back = load_cluster(str(path))
+    assert back.dimensions == topo.dimensions and back.sources == topo.sources
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 70), st.floats(-1, 500, allow_nan=False),
+                     st.sampled_from(["", "x", "nvswitch", "rail", "Switch", "1e3", "-1"]))
+_values = st.recursive(_scalars, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(
+    st.sampled_from(["name", "servers", "gpusPerServer", "intraNode", "fabric", "nics", "network", "tiers",
+                     "size", "topology", "npus_count", "bandwidth", "latency", "kind", "links"]), kids, max_size=4),
+    max_leaves=12)
+_BASES = [yaml.safe_load((EXAMPLES / "a100-rail-4node.yaml").read_text()),
+          {"kind": "ClusterTopology", **load_preset("syccl-a800-16").wire()}]
+
+
+@st.composite
+def mutated_specs(draw: st.DrawFn) -> object:
+    """A valid compact or wire-form file with one field (at any depth) replaced or removed."""
+    data = yaml.safe_load(yaml.safe_dump(draw(st.sampled_from(_BASES))))
+    paths: list[tuple[object, str | int]] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                paths.append((node, k))
+                walk(v)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                paths.append((node, i))
+                walk(v)
+
+    walk(data)
+    parent, key = draw(st.sampled_from(paths))
+    if isinstance(parent, dict) and draw(st.booleans()):
+        del parent[key]
+    else:
+        parent[key] = draw(_values)  # type: ignore[index]
+    return data
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(_values, mutated_specs()))
+def test_any_yaml_gives_a_cluster_or_one_topology_error(data: object) -> None:
+    try:
+        topo = load_text(yaml.safe_dump(data), "fuzz.yaml")
+    except TopologyError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith("fuzz.yaml")
+    else:
+        assert topo.world_size >= 1

@@ -115,3 +115,16 @@ def test_cli_replay_and_errors(tmp_path: Path) -> None:
     assert empty.exit_code == 2 and "empty table" in empty.output
     nosearch = CliRunner().invoke(app(), ["tune", "--cluster", "dgx-a100-1", "--searcher", "annealing"])
     assert nosearch.exit_code == 2 and "unknown 'annealing'" in nosearch.output
+
+
+def test_plan_tasks_by_key_regroups_buckets() -> None:
+    keys = make_keys(["allreduce"], 64 << 10, 64 << 20, ranks=8, nodes=1, factor=1 << 30)  # one whole key
+    assert len(keys) == 1
+    result = tune_tasks(keys, preset("dgx-a100-1"), budget=8, seed=0, size_factor=16)
+    per_bucket = result.plan_tasks()
+    [merged] = result.plan_tasks_by_key()
+    assert merged.key == keys[0] and len(per_bucket) == 3
+    assert [e.size_bytes for e in merged.chosen_estimates] == [64 << 10, 1 << 20, 16 << 20]
+    assert all(e.choice is not None for e in merged.chosen_estimates + merged.default_estimates)
+    assert merged.trials == sum(p.trials or 0 for p in per_bucket)
+    assert merged.chosen == per_bucket[-1].chosen

@@ -50,15 +50,23 @@ app.kubernetes.io/component: operator
 app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
+{{/* An image override with its own repository takes only its own tag/digest: the top-level digest
+     belongs to the top-level repository. */}}
 {{- define "ccltune.image" -}}
 {{- $img := .image -}}
 {{- $root := .root -}}
-{{- $repo := default $root.Values.image.repository $img.repository -}}
+{{- $repo := $root.Values.image.repository -}}
 {{- $digest := default $root.Values.image.digest $img.digest -}}
+{{- $tag := default (default $root.Chart.AppVersion $root.Values.image.tag) $img.tag -}}
+{{- if $img.repository -}}
+{{- $repo = $img.repository -}}
+{{- $digest = $img.digest -}}
+{{- $tag = default $root.Chart.AppVersion $img.tag -}}
+{{- end -}}
 {{- if $digest -}}
 {{ $repo }}@{{ $digest }}
 {{- else -}}
-{{ $repo }}:{{ default (default $root.Chart.AppVersion $root.Values.image.tag) $img.tag }}
+{{ $repo }}:{{ $tag }}
 {{- end -}}
 {{- end }}
 
@@ -116,7 +124,8 @@ app.kubernetes.io/component: {{ .component }}
   "agent_service_account" (include "ccltune.serviceAccountName" (dict "ctx" . "component" "agent"))
   "agent_resources" .Values.agent.resources
   "agent_tolerations" .Values.agent.tolerations
-  "agent_args" (concat (list "--sysfs-root=/host" (printf "--interval=%v" .Values.agent.probeIntervalSeconds)) .Values.agent.args)
+  "agent_args" (concat (list "run" "--sysfs-root=/host" (printf "--health-addr=0.0.0.0:%v" .Values.agent.healthPort) (printf "--interval=%v" .Values.agent.probeIntervalSeconds)) .Values.agent.args)
+  "agent_health_port" .Values.agent.healthPort
   "gpu_node_label" .Values.agent.gpuNodeLabel
   "job_service_account" (include "ccltune.serviceAccountName" (dict "ctx" . "component" "jobs"))
   "job_resources" .Values.jobs.resources
@@ -125,6 +134,7 @@ app.kubernetes.io/component: {{ .component }}
   "inprocess_max_gpus" $op.inprocess.maxGpus
   "inprocess_max_synth_gpus" $op.inprocess.maxSynthGpus
   "inprocess_max_trials" $op.inprocess.maxTrials
+  "inprocess_concurrency" $op.inprocess.concurrency
   "topology_timeout_seconds" $op.topologyTimeoutSeconds
   "metrics_port" $op.metricsPort
   "webhook_port" .Values.webhook.port

@@ -50,6 +50,7 @@ class OperatorConfig(BaseModel):
     inprocess_max_gpus: int = Field(512, ge=0)
     inprocess_max_synth_gpus: int = Field(16, ge=0)
     inprocess_max_trials: int = Field(2000, ge=0)
+    inprocess_concurrency: int = Field(1, ge=1, le=64)  # plans running in the operator at once
     topology_timeout_seconds: float = Field(300, gt=0)
     retry_seconds: float = Field(5, gt=0)
     job_backoff_limit: int = Field(0, ge=0)

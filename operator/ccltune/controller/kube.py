@@ -7,8 +7,11 @@ KMock emulator used in tests.
 
 from __future__ import annotations
 
+import builtins
+import json
 import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,6 +133,46 @@ class KubeClient:
         params = {"labelSelector": label_selector} if label_selector else None
         body = await self.request("GET", path_for(api_version, plural, namespace), params=params)
         return list(body.get("items") or [])
+
+    async def pages(self, api_version: str, plural: str, namespace: str | None = None,
+                    limit: int = 100) -> AsyncIterator[builtins.list[dict[str, Any]]]:
+        """List in chunks (limit/continue) so big collections never sit in memory at once."""
+        token = None
+        while True:
+            params = {"limit": str(limit)}
+            if token:
+                params["continue"] = token
+            body = await self.request("GET", path_for(api_version, plural, namespace), params=params)
+            yield list(body.get("items") or [])
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    async def watch(self, api_version: str, plural: str, *, timeout_s: int = 300
+                    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(type, object) events, parsed one line at a time. A watch without resourceVersion
+        starts with an ADDED event per existing object, streamed rather than listed."""
+        headers = {}
+        token = self._conn.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        path = path_for(api_version, plural)
+        params = {"watch": "true", "timeoutSeconds": str(timeout_s), "allowWatchBookmarks": "true"}
+        timeout = httpx.Timeout(30.0, read=timeout_s + 30.0)
+        async with self._http.stream("GET", path, params=params, headers=headers, timeout=timeout) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                raise ApiError(resp.status_code, "GET", path, resp.text[:300])
+            async for line in resp.aiter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind = event.get("type")
+                if kind == "ERROR":
+                    status = event.get("object") or {}
+                    raise ApiError(int(status.get("code") or 500), "WATCH", path, str(status.get("message")))
+                if kind != "BOOKMARK":
+                    yield kind, event.get("object") or {}
 
     async def create(self, api_version: str, plural: str, body: dict[str, Any],
                      namespace: str | None = None) -> dict[str, Any]:

@@ -1,13 +1,15 @@
 """The operator: `kopf run --standalone -m ccltune.controller.main` (this module only wires handlers).
 
 Handlers: CCLTuning create/update/resume -> reconcile; CCLTuning deleted -> DaemonSet sync and
-Job cleanup; NodeTopology changes -> re-plan the tunings that used them; agent DaemonSet deleted
--> recreate; Pod CREATE -> mutating webhook.
+Job cleanup; agent DaemonSet deleted -> recreate; Pod CREATE -> mutating webhook. A background
+task (reports.py) follows NodeTopology changes and re-plans the tunings that used them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from datetime import datetime
 from typing import Any
 
@@ -15,14 +17,15 @@ import httpx
 import kopf
 
 from ..api.common import API_GROUP, API_VERSION
-from . import daemonset, metrics, webhook
+from . import daemonset, metrics, reports, webhook
 from .config import ConfigError, load_config
 from .jobs import LABEL_TUNING_UID
 from .kube import ApiError, KubeClient, connection_from_env, event_body
-from .reconcile import Context, forget, nodes_changed, reconcile, report_hash, request_replan
+from .reconcile import Context, forget, reconcile
 
 KOPF_PREFIX = f"kopf.{API_GROUP}"
 _state: dict[str, Context] = {}
+_tasks: set[asyncio.Task[None]] = set()
 
 
 def ctx() -> Context:
@@ -34,7 +37,10 @@ async def startup(*, settings: kopf.OperatorSettings, logger: kopf.Logger, **_: 
     try:
         cfg = load_config()
     except ConfigError as exc:
-        raise kopf.PermanentError(f"configuration: {exc}") from None
+        # One line, no traceback, non-zero exit: kopf would wrap a startup error in three.
+        logger.error("configuration: %s", exc)
+        logging.shutdown()
+        os._exit(2)
     # Our status schema has no room for kopf's own bookkeeping: keep it in annotations, under a
     # prefix of its own (kopf ignores every annotation under its prefix, and ccltune.io/replan
     # must count as a change).
@@ -51,12 +57,16 @@ async def startup(*, settings: kopf.OperatorSettings, logger: kopf.Logger, **_: 
     metrics.serve(cfg.metrics_port)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API call is noise
     _state["ctx"] = Context(client=KubeClient(connection_from_env()), cfg=cfg)
+    _tasks.add(asyncio.create_task(reports.follow(_state["ctx"]), name="nodetopology-watch"))
     logger.info("ccltune operator configured: namespace=%s webhook=%s metrics=%s",
                 cfg.namespace, cfg.webhook_port, cfg.metrics_port or "off")
 
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
+    for task in _tasks:
+        task.cancel()
+    await asyncio.gather(*_tasks, return_exceptions=True)
     if "ctx" in _state:
         await _state.pop("ctx").client.aclose()
 
@@ -68,7 +78,11 @@ async def plan(*, body: kopf.Body, started: datetime, logger: kopf.Logger, **_: 
     await reconcile(ctx(), _raw(body), started=started, logger=logger)
 
 
-@kopf.on.event(API_GROUP, API_VERSION, "ccltunings")
+def _deleted(type: str | None = None, **_: Any) -> bool:
+    return type == "DELETED"
+
+
+@kopf.on.event(API_GROUP, API_VERSION, "ccltunings", when=_deleted)
 async def tuning_gone(*, type: str, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     if type != "DELETED":
         return
@@ -91,24 +105,13 @@ async def tuning_gone(*, type: str, body: kopf.Body, logger: kopf.Logger, **_: A
     logger.info("CCLTuning deleted; agent DaemonSet %s", action)
 
 
-@kopf.on.event("apps", "v1", "daemonsets", labels={"app.kubernetes.io/name": daemonset.NAME})
+@kopf.on.event("apps", "v1", "daemonsets", labels={"app.kubernetes.io/name": daemonset.NAME}, when=_deleted)
 async def agents_gone(*, type: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
     c = ctx()
     if type == "DELETED" and namespace == c.cfg.namespace:
         action = await daemonset.sync(c.client, c.cfg)
         metrics.DAEMONSET_SYNCS.labels(f"repair-{action}").inc()
         logger.warning("agent DaemonSet was deleted; %s it", action)
-
-
-@kopf.on.event(API_GROUP, API_VERSION, "nodetopologies")
-async def report_changed(*, type: str, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-    c = ctx()
-    raw = _raw(body)
-    node = (raw.get("spec") or {}).get("nodeName") or raw["metadata"]["name"]
-    content = None if type == "DELETED" else report_hash(raw)
-    for key in await nodes_changed(c, node, content):
-        logger.info("NodeTopology of %s changed (%s): re-planning %s/%s", node, content, *key)
-        await request_replan(c, key, f"{node}@{content or 'deleted'}")
 
 
 @kopf.index(API_GROUP, API_VERSION, "ccltunings")

@@ -35,6 +35,7 @@ GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 REPROBE_REQUEST = f"{API_GROUP}/reprobe-request"
 REPROBE_SERVED = f"{API_GROUP}/reprobe-served"
 REPLAN_ANNOTATION = f"{API_GROUP}/replan"
+PLAN_INPUT = f"{API_GROUP}/plan-input"
 
 
 @dataclass
@@ -45,6 +46,13 @@ class Context:
     inputs: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     # Tunings waiting for reports of these nodes: (namespace, name) -> nodes.
     waiting: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    # In-process plans are CPU-bound and share the GIL: more at once only adds memory.
+    plan_slots: asyncio.Semaphore | None = None
+
+    def slots(self) -> asyncio.Semaphore:
+        if self.plan_slots is None:
+            self.plan_slots = asyncio.Semaphore(self.cfg.inprocess_concurrency)
+        return self.plan_slots
 
 
 class Stop(Exception):
@@ -79,8 +87,13 @@ def _status_patch(book: StatusBook) -> dict[str, Any]:
 
 async def write_status(ctx: Context, body: dict[str, Any], book: StatusBook) -> None:
     meta = body["metadata"]
-    await ctx.client.patch(GROUP_VERSION, "ccltunings", meta["name"], _status_patch(book),
-                           meta["namespace"], subresource="status")
+    try:
+        await ctx.client.patch(GROUP_VERSION, "ccltunings", meta["name"], _status_patch(book),
+                               meta["namespace"], subresource="status")
+    except ApiError as exc:
+        if exc.status == 404:
+            return  # deleted meanwhile: nothing to report to
+        raise
     for cond in book.transitions:
         kind = "Warning" if cond.status == "False" and cond.reason not in _QUIET else "Normal"
         kopf.event(kopf.Body(cast(kopf.RawBody, body)), type=kind, reason=cond.reason, message=f"{cond.type}={cond.status}: {cond.message}"[:1024])
@@ -202,24 +215,32 @@ async def _reconcile(ctx: Context, body: dict[str, Any], book: StatusBook, *, st
         nodes=cluster.node_count, gpus=cluster.world_size, gpu_model=cluster.gpu_model[:256],
         dimensions=topology.describe(cluster)[:256], symmetric=cluster.dimensions is not None)
 
+    input_digest = jobs.input_hash(jobs.plan_input(spec, cluster, name=name), ns)
+    if await _up_to_date(ctx, body, spec, input_digest, book):
+        _ready_set(meta, True)
+        return  # e.g. an operator restart: same inputs, same plan, nothing to redo
     plan = await _plan(ctx, body, spec, cluster, book, logger)
-    await _publish(ctx, body, spec, plan, book)
+    await _publish(ctx, body, spec, plan, book, input_digest)
     await write_status(ctx, body, book)
 
 
 async def _reports(ctx: Context, targets: list[str]) -> dict[str, dict[str, Any]]:
     """Target node -> its NodeTopology (the agent names the object after the node)."""
-    if len(targets) > 64:  # one list beats many gets; small target sets read only what they use
-        items = await ctx.client.list(GROUP_VERSION, "nodetopologies")
+    wanted = set(targets)
+    out: dict[str, dict[str, Any]] = {}
+
+    def keep(items: list[dict[str, Any]]) -> None:
+        for r in items:
+            node = (r.get("spec") or {}).get("nodeName") or r["metadata"]["name"]
+            if node in wanted:
+                out[node] = r
+
+    if len(targets) > 64:  # pages beat many gets; small target sets read only what they use
+        async for page in ctx.client.pages(GROUP_VERSION, "nodetopologies"):
+            keep(page)
     else:
         got = await asyncio.gather(*(ctx.client.get(GROUP_VERSION, "nodetopologies", n) for n in targets))
-        items = [r for r in got if r is not None]
-    wanted = set(targets)
-    out = {}
-    for r in items:
-        node = (r.get("spec") or {}).get("nodeName") or r["metadata"]["name"]
-        if node in wanted:
-            out[node] = r
+        keep([r for r in got if r is not None])
     return out
 
 
@@ -252,6 +273,21 @@ async def _rediscover(ctx: Context, body: dict[str, Any], targets: list[str],
     return reports
 
 
+async def _up_to_date(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, input_digest: str,
+                      book: StatusBook) -> bool:
+    """The published generation came from exactly these inputs and the status says so."""
+    from ..publish.configmaps import LABEL_DIGEST
+
+    meta = body["metadata"]
+    ready = book.condition("Ready")
+    if ready is None or ready.status != "True" or book.status.observed_generation != meta.get("generation"):
+        return False
+    pointer = await ctx.client.get("v1", "configmaps", config_map_name(spec, meta["name"]), meta["namespace"])
+    annotations = ((pointer or {}).get("metadata") or {}).get("annotations") or {}
+    return bool(annotations.get(PLAN_INPUT) == input_digest
+                and book.status.plan_digest == f"sha256:{annotations.get(LABEL_DIGEST)}")
+
+
 async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
                 book: StatusBook, logger: Any) -> Plan:
     meta = body["metadata"]
@@ -264,9 +300,10 @@ async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster
         raise Stop(str(exc)) from None
     why = jobs.needs_job(spec, cluster, ntasks, ctx.cfg)
     if why is None:
-        t0 = time.monotonic()
         try:
-            plan = await asyncio.to_thread(build_plan, spec, cluster, name=meta["name"])
+            async with ctx.slots():
+                t0 = time.monotonic()
+                plan = await asyncio.to_thread(build_plan, spec, cluster, name=meta["name"])
         except PlanError as exc:
             _plan_failed(book, spec, "InvalidSpec", str(exc))
             raise Stop(str(exc)) from None
@@ -352,13 +389,16 @@ def config_map_name(spec: CCLTuningSpec, name: str) -> str:
     return spec.publish.config_map_name or f"{name}-ccltune"
 
 
-async def _publish(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, plan: Plan, book: StatusBook) -> None:
+async def _publish(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, plan: Plan, book: StatusBook,
+                   input_digest: str) -> None:
     from ..publish.configmaps import MANIFEST_KEY, render_configmaps
 
     meta = body["metadata"]
     ns = meta["namespace"]
     cm_name = config_map_name(spec, meta["name"])
     manifests = with_owner(render_configmaps(plan, name=cm_name, namespace=ns), owner_reference(body))
+    # Which inputs produced this generation: lets a restarted operator skip re-planning.
+    manifests[-1]["metadata"].setdefault("annotations", {})[PLAN_INPUT] = input_digest
     previous = await ctx.client.get("v1", "configmaps", cm_name, ns)
     keep = {m["metadata"]["name"] for m in manifests}
     if previous is not None:  # pods admitted a moment ago may still mount the last generation
@@ -394,7 +434,7 @@ def _outcome_conditions(book: StatusBook, spec: CCLTuningSpec, plan: Plan) -> No
         if count:
             book.set(ctype, "True", "Done", f"{count} of {len(plan.tasks)} task(s) use the {word} result")
         elif not enabled:
-            book.set(ctype, "False", "NotRequested", f"spec.{word.replace('tuning', 'tuning')} is off")
+            book.set(ctype, "False", "NotRequested", f"spec.{word}.enabled is false")
         elif "not available" in notes and word in notes:
             book.set(ctype, "False", "NotAvailable", next(n for n in plan.notes if word in n)[:1024])
         else:

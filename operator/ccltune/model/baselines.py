@@ -219,7 +219,8 @@ def _nic_groups(topo: ClusterTopology) -> list[frozenset[str]]:
     out = []
     for i in range(topo.gpus_per_node):
         start = topo.gpu_id(i)
-        frontier, seen, found = [start], {start}, set()
+        frontier, seen = [start], {start}
+        found: set[str] = set()
         while frontier and not found:
             nxt = []
             for u in frontier:

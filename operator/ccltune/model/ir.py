@@ -149,8 +149,14 @@ class ScheduleArrays:
             )
         ]
         return Schedule(
-            self.name, self.collective, self.nranks, self.chunks_per_rank, transfers,
-            self.root, self.protocol, self.channels,
+            self.name,
+            self.collective,
+            self.nranks,
+            self.chunks_per_rank,
+            transfers,
+            self.root,
+            self.protocol,
+            self.channels,
         )
 
 

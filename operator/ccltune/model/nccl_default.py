@@ -212,9 +212,10 @@ def nccl_default(
 
 
 def predicted_time_us(
-    coll: Collective, algo: str, proto: str, size_bytes: int, g: NcclGraph
+    coll: Collective | str, algo: str, proto: str, size_bytes: int, g: NcclGraph
 ) -> float:
     """ncclTopoGetAlgoTime: latency (with the ring plateau) + size / corrected bandwidth."""
+    coll = Collective(coll)
     bw = _bandwidth(g, coll, algo, proto)
     if algo == "tree":
         bw *= tree_correction(proto, size_bytes)
@@ -265,10 +266,11 @@ def _pipelined(coll: Collective, algo: str) -> bool:
 
 
 def simulation_shape(
-    coll: Collective, algo: str, proto: str, size_bytes: int, channels: int, n: int,
+    coll: Collective | str, algo: str, proto: str, size_bytes: int, channels: int, n: int,
     max_transfers: int,
 ) -> tuple[int, int]:  # fmt: skip
     """(chunks per channel, channels) for simulating NCCL's pipeline within a transfer budget."""
+    coll = Collective(coll)
     target = _CHUNK_TARGET[proto]
     if algo == "ring" and proto == "Simple" and coll != Collective.BROADCAST:
         target *= _RING_CHUNK_STEPS
@@ -281,7 +283,8 @@ def simulation_shape(
     if not _pipelined(coll, algo):
         ideal = 1  # rings/alltoall run every link at every step: chunks change nothing but cost
     units = max(1, max_transfers // _per_unit_transfers(coll, algo, n))
-    sim_channels = max(1, min(channels, units))
+    # p2p alltoall: NCCL's channels only split each peer's buffer; the links see the same bytes.
+    sim_channels = 1 if coll == Collective.ALLTOALL else max(1, min(channels, units))
     chunks = max(1, min(ideal, units // sim_channels))
     return chunks, sim_channels
 
@@ -292,7 +295,7 @@ def default_estimate(
     topo: ClusterTopology,
     *,
     router: Router | None = None,
-    max_transfers: int = 200_000,
+    max_transfers: int = 50_000,
     with_bound: bool = True,
 ) -> Estimate:
     """Simulate NCCL's default choice (its baseline schedule, protocol and channels)."""

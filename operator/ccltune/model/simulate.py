@@ -17,9 +17,12 @@ max-min rate (a link saturates in progressive filling no earlier than at level c
 simulated time errs on the slow side. On the symmetric schedules ccltune builds, flows that meet
 on a channel are bottlenecked there alike and the two coincide.
 
-Two engines give the same answer: an exact heap-driven one (one event at a time; best for small or
-irregular schedules) and a batched numpy one that processes all events of the same instant
-together over flat arrays (best for large, symmetric schedules such as a 512-rank ring).
+Two engines implement the same model: an exact heap-driven one (one event at a time; best for
+small or irregular schedules) and a windowed numpy one over flat arrays (`_batch_engine`; best
+for large schedules such as a 512-rank ring). They agree to 1e-9 on random DAGs (tested). On
+large schedules with many exactly tied flows, rounding decides tie order and the makespan can
+move by a few 1e-3 relative (the heap engine alone shows the same spread when the size changes
+by 1e-12), so compare schedules by differences larger than that.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from .routing import Router
 
 Engine = Literal["auto", "heap", "batch"]
 _AUTO_BATCH_MIN = 20_000  # transfers; below this the heap engine's lower constant wins
+_TOL = 1e-12  # relative: events this close are one instant in the batch engine
 
 
 class SimulationError(ValueError):
@@ -265,67 +269,38 @@ def _fluid(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Exact fluid evolution of contending flows (no arrivals other than at `t0`) until horizon.
 
-    Event by event; a start or finish re-rates only the flows on the channels it touches (found
-    through a channel -> flows index built once). Returns finish times (nan = still running),
-    remaining bytes at the end, and the number of sub-steps.
+    Event by event, re-rating the whole group at each event: on the synchronized schedules that
+    reach here most flows change at every event anyway, and measured on the 512-rank NCCL ring
+    this beat an incremental channel -> flows index by 2.7x. Returns finish times (nan = still
+    running), remaining bytes at the end, and the number of sub-steps.
     """
-    k, width = len(t0), res.shape[0]
-    nres = len(cap)
-    pad = nres - 1
-    flat = res.ravel()
-    order = np.argsort(flat, kind="stable")
-    f_sorted = np.tile(np.arange(k), width)[order]
-    ptr = np.searchsorted(flat[order], np.arange(nres + 1))
-    counts = np.zeros(nres, dtype=np.int64)
+    k = len(t0)
     fin = np.full(k, np.nan)
-    rate = np.zeros(k)
-    t_at = np.full(k, now)
-    rem_at = rem.copy()
-    started = np.zeros(k, dtype=bool)
+    rem = rem.copy()
     alive = np.ones(k, dtype=bool)
-    done_now = np.zeros(0, dtype=np.int64)
     t = now
     steps = 0
     while True:
         steps += 1
-        tol = 1e-12 * max(abs(t), 1.0)
-        new = np.flatnonzero(~started & (t0 <= t + tol))
-        if len(new):
-            started[new] = True
-            t_at[new] = t
-            counts += np.bincount(res[:, new].ravel(), minlength=nres)
-        if len(done_now):
-            counts -= np.bincount(res[:, done_now].ravel(), minlength=nres)
-        if len(new) or len(done_now):
-            chans = np.unique(res[:, np.concatenate([new, done_now])])
-            chans = chans[chans != pad]
-            lo, hi = ptr[chans], ptr[chans + 1]
-            lens = hi - lo
-            idx = np.repeat(lo - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
-            aff = np.unique(f_sorted[idx])
-            aff = aff[started[aff] & alive[aff]]
-            rem_at[aff] -= rate[aff] * (t - t_at[aff])
-            t_at[aff] = t
-            rate[aff] = (cap / np.maximum(counts, 1))[res[:, aff]].min(axis=0)
-        act = np.flatnonzero(started & alive)
-        waiting = ~started
+        tol = _TOL * max(abs(t), 1.0)
+        started = np.flatnonzero(alive & (t0 <= t + tol))
+        waiting = alive & (t0 > t + tol)
         t_s = float(t0[waiting].min()) if waiting.any() else np.inf
-        if len(act):
-            proj = t_at[act] + rem_at[act] / rate[act]
-            t_next = min(float(proj.min()), t_s, horizon)
-            done_now = act[proj <= t_next + 1e-12 * max(abs(t_next), 1.0)]
-            fin[done_now] = t_next
-            alive[done_now] = False
+        if len(started):
+            rate = _rates(res[:, started], cap)
+            left = rem[started] / rate
+            t_next = min(t + float(left.min()), t_s, horizon)
+            rem[started] -= rate * (t_next - t)
+            done = started[left <= (t_next - t) + _TOL * max(abs(t_next), 1.0)]
+            fin[done] = t_next
+            alive[done] = False
         else:
             t_next = min(t_s, horizon)
-            done_now = np.zeros(0, dtype=np.int64)
         t = t_next
         if t >= horizon or not alive.any():
             break
-    running = started & alive
-    out = np.where(running, rem_at - rate * (t - t_at), rem)
-    out[~alive] = 0.0
-    return fin, out, steps
+    rem[~alive] = 0.0
+    return fin, rem, steps
 
 
 def _batch_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
@@ -361,7 +336,7 @@ def _batch_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
             rates = p.solo[act] if lookahead > 0 else _rates(res, cap)
             t_first = min(t_first, now + float((rem / rates).min()))
         horizon = t_first + lookahead
-        tol = 1e-12 * max(abs(t_first), 1.0)
+        tol = _TOL * max(abs(t_first), 1.0)
         limit = horizon if lookahead > 0 else t_first + tol
         s_tids: list[np.ndarray] = []
         s_times: list[np.ndarray] = []
@@ -391,7 +366,7 @@ def _batch_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
             rate = p.solo[g_tid[single]]
             t0 = g_t0[single]
             f = t0 + g_rem[single] / rate
-            done = f <= horizon + 1e-12 * max(abs(horizon), 1.0)
+            done = f <= horizon + _TOL * max(abs(horizon), 1.0)
             g_fin[single[done]] = f[done]
             g_rem[single] = np.where(done, 0.0, g_rem[single] - rate * (horizon - t0))
         many = np.flatnonzero(contended)

@@ -22,6 +22,9 @@ from .group import GroupTopo
 from .milp import SubDemand, SubSchedule
 from .sketch import Sketch, Stage
 
+# Blocks of chunks map round-robin onto at most this many MSCCL channels (threadblock pairs).
+MAX_CHANNELS = 8
+
 
 def stage_demand(dims: list[Dimension], stage: Stage, symmetric: bool, pieces: int) -> SubDemand:
     """The sub-demand of one stage inside the group that holds the data, source at position 0."""
@@ -51,11 +54,11 @@ class Patterns:
 class Builder:
     """Accumulates transfers into flat lists (ScheduleArrays at the end)."""
 
-    def __init__(self, *, serialize: bool = False) -> None:
-        # serialize: transfers between one (src, dst) pair run in program order, as NCCL's
-        # connection FIFO does; this is what lets chunk j+1 of a stage overlap stage 2 of chunk j.
-        self.serialize = serialize
-        self.last: dict[tuple[int, int], int] = {}
+    def __init__(self) -> None:
+        # Transfers of one stream between one (src, dst) pair run in program order, as NCCL's
+        # connection FIFO does: piece j+1 then follows piece j, so stage 2 of piece j overlaps
+        # stage 1 of piece j+1 instead of all pieces sharing the link and arriving together.
+        self.last: dict[tuple[int, int, int], int] = {}
         self.src: list[int] = []
         self.dst: list[int] = []
         self.chunk: list[int] = []
@@ -65,12 +68,12 @@ class Builder:
         self.deps: list[tuple[int, ...]] = []
 
     def add(self, src: int, dst: int, chunk: int, deps: tuple[int, ...], count: int = 1,
-            channel: int = 0, reduce: bool = False) -> int:  # fmt: skip
-        if self.serialize:
-            prev = self.last.get((src, dst))
+            channel: int = 0, reduce: bool = False, stream: int | None = None) -> int:  # fmt: skip
+        if stream is not None:
+            prev = self.last.get((src, dst, stream))
             if prev is not None and prev not in deps:
                 deps = (*deps, prev)
-            self.last[(src, dst)] = len(self.src)
+            self.last[(src, dst, stream)] = len(self.src)
         self.src.append(src)
         self.dst.append(dst)
         self.chunk.append(chunk)
@@ -134,7 +137,7 @@ class Column:
 
 def broadcast_tree(
     fab: Fabric, sketch: Sketch, patterns: Patterns, root: int, chunk_ids: Sequence[int],
-    b: Builder, *, symmetric: bool, channel: int = 0,
+    b: Builder, *, symmetric: bool, channel: int = 0, pair_fifo: bool = False,
 ) -> dict[tuple[int, int], int]:  # fmt: skip
     """Transfers spreading `chunk_ids` (one per piece) from `root`; returns arrivals."""
     pieces = len(chunk_ids)
@@ -154,7 +157,8 @@ def broadcast_tree(
                 if dep is None and ru != root:
                     raise AssertionError(f"pattern sends piece {p} from rank {ru} before it holds it")
                 arrival[(rv, p)] = b.add(ru, rv, chunk_ids[p], () if dep is None else (dep,),
-                                         channel=channel)  # fmt: skip
+                                         channel=channel,
+                                         stream=-1 if pair_fifo else root)  # fmt: skip
             if stage.kind == "relay":
                 new_active.append(fab.shifted(a, stage.dim, stage.offset))
             else:
@@ -175,15 +179,19 @@ def _split(columns: list[Column], pieces: int) -> list[tuple[Sketch, int, int]]:
 
 
 def allgather(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int,
-              name: str) -> ScheduleArrays:  # fmt: skip
+              name: str, *, pair_fifo: bool = False) -> ScheduleArrays:  # fmt: skip
+    """N broadcasts. `pair_fifo`: one FIFO per GPU pair across all roots (fewer concurrent
+    flows: far cheaper to simulate at 512 ranks, at some loss of overlap)."""
     b = Builder()
     blocks = _split(columns, pieces)
     cpr = len(blocks) * pieces
     for root in range(fab.nranks):
         for ch, (sk, off, k) in enumerate(blocks):
             ids = [root * cpr + off + p for p in range(k)]
-            broadcast_tree(fab, _translate(sk), patterns, root, ids, b, symmetric=True, channel=ch)
-    return b.arrays(name, Collective.ALLGATHER, fab.nranks, cpr, channels=len(blocks))
+            # Rank r's sketch is rank 0's translated: patterns are relative to the acting source.
+            broadcast_tree(fab, sk, patterns, root, ids, b, symmetric=True, channel=ch % MAX_CHANNELS,
+                           pair_fifo=pair_fifo)  # fmt: skip
+    return b.arrays(name, Collective.ALLGATHER, fab.nranks, cpr, channels=min(len(blocks), MAX_CHANNELS))
 
 
 def broadcast(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int, root: int,
@@ -192,13 +200,9 @@ def broadcast(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: in
     blocks = _split(columns, pieces)
     for ch, (sk, off, k) in enumerate(blocks):
         broadcast_tree(fab, sk, patterns, root, list(range(off, off + k)), b, symmetric=False,
-                       channel=ch)  # fmt: skip
+                       channel=ch % MAX_CHANNELS)  # fmt: skip
     return b.arrays(name, Collective.BROADCAST, fab.nranks, len(blocks) * pieces, root=root,
-                    channels=len(blocks))  # fmt: skip
-
-
-def _translate(sk: Sketch) -> Sketch:
-    return sk  # patterns are relative to the acting source, so translation is implicit
+                    channels=min(len(blocks), MAX_CHANNELS))  # fmt: skip
 
 
 def reverse(ag: ScheduleArrays, coll: Collective, name: str) -> ScheduleArrays:
@@ -219,9 +223,12 @@ def reverse(ag: ScheduleArrays, coll: Collective, name: str) -> ScheduleArrays:
     src, dst, chunk = ag.dst.tolist(), ag.src.tolist(), ag.chunk.tolist()
     b = Builder()
     last_into: dict[tuple[int, int], int] = {}
+    cpr = ag.chunks_per_rank
     for old in order:
         deps = {new_of[c] for c in succ[old]}
-        key = (dst[old], chunk[old])
+        # Chain every reduce into one GPU of one owner's data, not just of one chunk: otherwise
+        # all pieces' chains share the port, finish together and the next stage cannot overlap.
+        key = (dst[old], chunk[old] // cpr)
         prev = last_into.get(key)
         if prev is not None:
             deps.add(prev)
@@ -246,9 +253,10 @@ def allreduce(rs: ScheduleArrays, ag: ScheduleArrays, name: str) -> ScheduleArra
     for i in range(len(ag)):
         deps = tuple(off + d for d in idx[ptr[i] : ptr[i + 1]])
         s, c = int(ag.src[i]), int(ag.chunk[i])
-        if not deps:
+        if s == c // ag.chunks_per_rank:  # the owner sends the reduced chunk: after its last reduce
             into = final.get((s, c), [])
-            deps = (max(into),) if into else ()
+            if into and max(into) not in deps:
+                deps = (*deps, max(into))
         # The receiver must also have sent its partial sum before being overwritten.
         b.add(s, int(ag.dst[i]), c, deps, int(ag.count[i]), int(ag.channel[i]))
     # AllReduce's chunk space is the whole buffer: the N*C chunks the phases work on.
@@ -264,8 +272,8 @@ def alltoall(fab: Fabric, columns: list[Column], pieces: int, name: str) -> Sche
     b = Builder()
     for root in range(n):
         for ch, (sk, off, k) in enumerate(blocks):
-            _scatter(fab, sk, root, off, k, cpr, b, ch)
-    return b.arrays(name, Collective.ALLTOALL, n, cpr, channels=len(blocks))
+            _scatter(fab, sk, root, off, k, cpr, b, ch % MAX_CHANNELS)
+    return b.arrays(name, Collective.ALLTOALL, n, cpr, channels=min(len(blocks), MAX_CHANNELS))
 
 
 def _scatter(fab: Fabric, sk: Sketch, root: int, off: int, k: int, cpr: int, b: Builder,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..api.cluster import ClusterTopology
+from ..api.cluster import ClusterTopology, Dimension
 from ..api.common import Collective, Source, format_size
 from ..api.plan import Estimate
 from ..model.bounds import lower_bound
@@ -26,7 +26,7 @@ from ..model.busbw import algbw_gbps, busbw_gbps
 from ..model.check import check_schedule
 from ..model.cost import protocol_cost
 from ..model.ir import ScheduleArrays
-from ..model.msccl import to_msccl_xml
+from ..model.msccl import MscclFormatError, to_msccl_xml
 from ..model.nccl_default import default_estimate, nccl_default, nccl_graph
 from ..model.routing import Router
 from ..model.simulate import simulate
@@ -37,6 +37,10 @@ from .shard import solve_all
 from .sketch import SearchStats, Sketch, search
 
 Progress = Callable[[str, float], None]  # (message, fraction done 0..1)
+
+
+LARGE_RANKS = 256
+GRID = 4
 
 
 def _protocols(size: int) -> tuple[str, ...]:
@@ -166,19 +170,25 @@ def synthesize(
     t2 = time.perf_counter()
     variants: list[tuple[str, ScheduleArrays]] = []
     # Deeper pipelines (more chunks per sketch) trade step latency for stage overlap.
-    depths = (1, 8) if coll == Collective.BROADCAST and fab.nranks < 256 else (1,)
+    # Deeper pipelines (more chunks per sketch) trade step latency for stage overlap.
+    deep_factor = 8 if coll == Collective.BROADCAST else 4
+    shapes = [(1, 1), (fine_pieces, 1), (1, deep_factor)] if fine else [(1, 1), (1, deep_factor)]
+    if coll == Collective.ALLTOALL:
+        shapes = [(1, 1)]
+    if fab.nranks >= LARGE_RANKS:
+        # One simulation of a 512-rank schedule takes tens of seconds here: keep one shape and
+        # the best-ranked candidate (the analytic ranking is exact on switch-only fabrics).
+        shapes = shapes[:1]
+        cands = cands[:1]
     for cand in cands:
-        for pieces in sorted({1, fine_pieces if fine else 1}):
-            for depth in depths:
-                if coll == Collective.ALLTOALL and pieces > 1:
-                    continue
-                if clock.out() and variants:
-                    result.budget_exhausted = True
-                    break
-                label = f"{cand.label}/p{pieces}x{depth}"
-                deep = Candidate(cand.label, [asm.Column(c.sketch, c.blocks * depth)
-                                              for c in cand.columns], 0.0, 0.0)  # fmt: skip
-                variants.append((label, _build(fab, coll, deep, patterns, pieces, root, label)))
+        for pieces, depth in shapes:
+            if clock.out() and variants:
+                result.budget_exhausted = True
+                break
+            label = f"{cand.label}/p{pieces}x{depth}"
+            deep = Candidate(cand.label, [asm.Column(c.sketch, c.blocks * depth)
+                                          for c in cand.columns], 0.0, 0.0)  # fmt: skip
+            variants.append((label, _build(fab, coll, deep, patterns, pieces, root, label)))
     result.timings["assemble_s"] = time.perf_counter() - t2
     result.schedules = dict(variants)
     say(f"{len(variants)} candidate schedules assembled", 0.45)
@@ -202,13 +212,33 @@ def synthesize(
     finalists = [(lb, arr) for lb, arr in variants if lb in keep]
     say(f"screened {len(variants)} variants -> {len(finalists)}", 0.5)
     ref_s = 0.0
-    for i, s in enumerate(sizes):
+    # Grid sizes (every GRID-th and the last) try every finalist; a size between two grid points
+    # tries only the variants that won at either neighbour (a schedule's time is piecewise
+    # linear in size, so a variant losing at both ends rarely wins in between).
+    grid = sorted({*range(0, len(sizes), GRID), len(sizes) - 1})
+    winners: dict[int, str] = {}
+    picks: dict[int, SizeResult] = {}
+    order = grid + [i for i in range(len(sizes)) if i not in grid]
+    skipped: list[int] = []
+    for n_done, i in enumerate(order):
+        s = sizes[i]
+        if i not in grid and clock.out():
+            skipped.append(s)  # grid sizes bracket it; no number is made up for it
+            result.budget_exhausted = True
+            continue
         tr = time.perf_counter()
         default = default_estimate(coll, s, topo, router=router, with_bound=False)
         bound = _bound(coll, s, topo)
         ref_s += time.perf_counter() - tr
+        if i in grid:
+            tried = finalists
+        else:
+            lo = max(j for j in grid if j < i)
+            hi = min(j for j in grid if j > i)
+            names = {winners.get(lo), winners.get(hi)}
+            tried = [v for v in finalists if v[0] in names] or finalists
         best: tuple[float, str, str] | None = None
-        for label, arr in finalists:
+        for label, arr in tried:
             for proto in _protocols(s):
                 if clock.out() and best is not None:
                     result.budget_exhausted = True
@@ -216,8 +246,16 @@ def synthesize(
                 t = run(arr, s, proto)
                 if best is None or t < best[0]:
                     best = (t, label, proto)
-        say(f"evaluated {format_size(s)}", 0.5 + 0.45 * (i + 1) / len(sizes))
-        result.sizes.append(_pick(coll, s, topo, default, best, bound))
+        if best is not None:
+            winners[i] = best[1]
+        say(f"evaluated {format_size(s)}", 0.5 + 0.45 * (n_done + 1) / len(sizes))
+        picks[i] = _pick(coll, s, topo, default, best, bound)
+    result.sizes = [picks[i] for i in range(len(sizes)) if i in picks]
+    if skipped:
+        result.notes.append(
+            "not simulated within the budget (the neighbouring ranges cover them): "
+            + ", ".join(format_size(x) for x in sorted(skipped))
+        )
     result.timings["evaluate_s"] = time.perf_counter() - t3 - ref_s
     # NCCL's default and the bound are references, not synthesis work: reported apart.
     result.timings["reference_s"] = ref_s
@@ -234,8 +272,9 @@ def synthesize(
     return result
 
 
-def _solve(dims, sketches: list[Sketch], symmetric: bool, pieces: int, coll: Collective,
-           workers: int, clock: _Clock, time_limit: float) -> dict[tuple[object, ...], SubSchedule]:  # type: ignore[no-untyped-def]  # fmt: skip
+def _solve(dims: list[Dimension], sketches: list[Sketch], symmetric: bool, pieces: int,
+           coll: Collective, workers: int, clock: _Clock,
+           time_limit: float) -> dict[tuple[object, ...], SubSchedule]:  # fmt: skip
     if coll == Collective.ALLTOALL:
         return {}  # scatters route along shortest paths; no sub-demand MILP (see docs)
     demands = [
@@ -254,7 +293,7 @@ def _build(fab: asm.Fabric, coll: Collective, cand: Candidate, patterns: asm.Pat
         return asm.broadcast(fab, cols, patterns, pieces, root, name)
     if coll == Collective.ALLTOALL:
         return asm.alltoall(fab, cols, pieces, name)
-    ag = asm.allgather(fab, cols, patterns, pieces, name)
+    ag = asm.allgather(fab, cols, patterns, pieces, name, pair_fifo=fab.nranks >= LARGE_RANKS)
     if coll == Collective.ALLGATHER:
         return ag
     rs = asm.reverse(ag, Collective.REDUCESCATTER, name)
@@ -324,7 +363,18 @@ def _ranges(sizes: list[SizeResult], schedules: dict[str, ScheduleArrays], coll:
         rr = RangeResult(lo, hi, "msccl" if msccl else "nccl", first.chosen, first.protocol,
                          arr.channels if arr is not None else 0, grp, reason=first.reason)  # fmt: skip
         if arr is not None and out_dir is not None:
-            rr.xml_file = _write_xml(arr, coll, rr, Path(out_dir), topo)
+            try:
+                rr.xml_file = _write_xml(arr, coll, rr, Path(out_dir), topo)
+            except MscclFormatError as exc:
+                # The executor cannot run it (e.g. > 256 steps per threadblock): NCCL instead.
+                rr.kind, rr.xml_file = "nccl", None
+                rr.reason = f"MSCCL cannot express {first.chosen}: {exc}; NCCL's default is used"
+                result.notes.append(f"{format_size(max(lo, 1))}..: {rr.reason}")
+                for sr in grp:
+                    ch = nccl_default(coll, sr.size_bytes, topo).choice
+                    sr.chosen, sr.protocol = f"nccl:{ch.describe()}", ch.protocol or "Simple"
+                    sr.estimate, sr.reason = sr.default, rr.reason
+                rr.label, rr.protocol = grp[0].chosen, grp[0].protocol
         out.append(rr)
     return out
 

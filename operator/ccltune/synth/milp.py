@@ -41,19 +41,19 @@ class SubDemand:
 
     def key(self) -> tuple[object, ...]:
         """Isomorphic sub-demands share a key: solved once, mapped everywhere else."""
+        c = self.canonical()
+        return (c.group, c.sources, c.receivers, c.symmetric, c.pieces)
+
+    def canonical(self) -> SubDemand:
         shift = min(self.sources)
         g = self.group.size
         src = tuple(sorted((s - shift) % g for s in self.sources))
         rcv = tuple(sorted((r - shift) % g for r in self.receivers))
         if self.group.kind != "ring":
             # Any permutation fixing the sources is an automorphism of a switch / full mesh.
-            src, rcv = tuple(range(len(src))), tuple(range(len(src), len(src) + len(rcv)))
-        return (self.group, src, rcv, self.symmetric, self.pieces)
-
-    def canonical(self) -> SubDemand:
-        group, src, rcv, sym, pieces = self.key()
-        assert isinstance(group, GroupTopo)
-        return SubDemand(group, src, rcv, bool(sym), int(pieces))  # type: ignore[arg-type]
+            src = tuple(range(len(src)))
+            rcv = tuple(range(len(src), len(src) + len(rcv)))
+        return SubDemand(self.group, src, rcv, self.symmetric, self.pieces)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +166,7 @@ def _prune(demand: SubDemand, sends: list[tuple[int, int, int, int]]) -> list[tu
     """Keep first arrivals only and drop sends whose data never reaches a receiver."""
     first: dict[tuple[int, int], tuple[int, int, int, int]] = {}
     for s in sorted(sends):
-        t, p, u, v = s
+        _, p, _, v = s
         if v in demand.sources or (p, v) in first:
             continue
         first[(p, v)] = s

@@ -1,8 +1,10 @@
 """NCCL's own choice for a call: the baseline every tuned number is compared against.
 
-Algorithm and protocol: model.nccl_default (the cost model's rendition of NCCL's selection) when
-that module is present; otherwise NCCL's static selection computed here from the same published
-tables (model/cost.py: tuning.cc latencies, LL/LL128/tree bandwidth caps, tree correction).
+Algorithm, protocol, channels and threads: model.nccl_default (the cost model's rendition of NCCL's
+selection) when it covers every algorithm the fabric offers; it leaves out NVLS and CollNet, so on
+fabrics where those are valid (and when that module is missing) NCCL's static selection computed
+here from the same published tables decides (model/cost.py: tuning.cc latencies, LL/LL128/tree
+bandwidth caps, tree correction).
 Resources: NCCL's defaults - NCCL_NTHREADS 512 (LL128: 640), NCCL_BUFFSIZE 4 MiB, P2P transport,
 and the channel count its topology search typically finds, reduced for small messages the way
 NCCL does (while bytes < channels x threads x per-thread threshold: fewer channels, then fewer
@@ -34,6 +36,7 @@ from .space import (
     DEFAULT_BUFFSIZE,
     DEFAULT_THREADS,
     LL128_THREADS,
+    THREADS,
     Config,
     Impl,
     TaskSpace,
@@ -104,19 +107,32 @@ class DefaultChoice:
     source: str  # which model picked the algorithm/protocol
 
 
-def _model_pick(collective: Collective, size: int, topo: ClusterTopology | None) -> tuple[str, str] | None:
+_UNMODELLED = ("nvls", "nvls_tree", "collnet_direct", "collnet_chain")  # not in model.nccl_default
+
+
+def _model_pick(collective: Collective, size: int, topo: ClusterTopology | None) -> Config | None:
+    """model.nccl_default's choice (algorithm, protocol, channels, threads), when it is available."""
     if topo is None:
         return None
     try:
         module = importlib.import_module("ccltune.model.nccl_default")
-    except ImportError:
+        choice = module.nccl_default(collective, size, topo).choice
+    except (ImportError, ValueError):
         return None
-    choice = module.nccl_default(collective, size, topo).choice
     if choice.kind != "nccl" or not choice.algorithm or not choice.protocol:
         return None
     algo = choice.algorithm.lower()
-    algo = "pat" if algo == "pat" else canonical_algorithm(algo)
-    return algo, canonical_protocol(choice.protocol)
+    try:
+        algo = algo if algo in ("pat", "p2p") else canonical_algorithm(algo)
+        proto = canonical_protocol(choice.protocol)
+    except ValueError:
+        return None
+    if proto == "LL128":
+        threads = LL128_THREADS
+    else:  # the model counts NCCL's extra Simple warp(s); NCCL_NTHREADS is the base count
+        threads = max([t for t in THREADS if t <= (choice.threads or DEFAULT_THREADS)] or [THREADS[0]])
+    channels = choice.channels or 1
+    return Config(Impl(algo, proto, "p2p"), channels, threads, DEFAULT_BUFFSIZE)
 
 
 def nccl_default_config(
@@ -126,24 +142,26 @@ def nccl_default_config(
     space: TaskSpace,
     topo: ClusterTopology | None = None,
 ) -> DefaultChoice:
-    """NCCL's choice as a Config of `space` (so it can be measured like any trial)."""
+    """NCCL's choice as a Config (measured like any trial).
+
+    model.nccl_default decides when it covers every algorithm the fabric offers; it does not model
+    NVLS or CollNet, so where those are valid NCCL's static selection here (which has them) decides.
+    """
     impls = [s.impl for s in space.subspaces if s.impl.transport == "p2p"] or [s.impl for s in space.subspaces]
-    picked = _model_pick(collective, size, topo)
-    source = "model.nccl_default"
-    impl: Impl | None = None
-    if picked is not None:
-        cand = Impl(picked[0], picked[1], "p2p")
-        if invalid_reason(collective, cand, facts) is None and cand in impls:
-            impl = cand
-    if impl is None:
-        source = "NCCL static model (tuning.cc tables)"
-        nc0 = default_channels(facts)
-        impl = min(impls, key=lambda i: (static_time_us(collective, size, i, facts, nc0), i))
+    if not any(i.algorithm in _UNMODELLED for i in impls):
+        picked = _model_pick(collective, size, topo)
+        if picked is not None and picked.impl.algorithm == "p2p":
+            picked = Config(Impl("p2p", "Simple", "p2p"), space.subspace(Impl("p2p", "Simple")).values[0][0],
+                            picked.threads, DEFAULT_BUFFSIZE)
+        if picked is not None and invalid_reason(collective, picked.impl, facts) is None and picked.impl in impls:
+            return DefaultChoice(picked, "model.nccl_default")
+    nc0 = default_channels(facts)
+    impl = min(impls, key=lambda i: (static_time_us(collective, size, i, facts, nc0), i))
     threads = LL128_THREADS if impl.protocol == "LL128" else DEFAULT_THREADS
-    channels = default_channels(facts) if impl.algorithm != "p2p" else space.subspace(impl).values[0][0]
+    channels = nc0 if impl.algorithm != "p2p" else space.subspace(impl).values[0][0]
     if impl.algorithm != "p2p":
         channels, threads = shrink_resources(size, impl.protocol, channels, threads)
-    return DefaultChoice(Config(impl, channels, threads, DEFAULT_BUFFSIZE), source)
+    return DefaultChoice(Config(impl, channels, threads, DEFAULT_BUFFSIZE), "NCCL static model (tuning.cc tables)")
 
 
 __all__ = ["DefaultChoice", "default_channels", "nccl_default_config", "shrink_resources", "static_time_us"]

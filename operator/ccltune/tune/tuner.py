@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.cluster import ClusterTopology
-from ..api.common import Collective, Source
+from ..api.common import Collective, Source, format_size
 from ..api.plan import Choice, Estimate, PlanTask, TaskKey
 from ..model.busbw import algbw_gbps, busbw_gbps
 from ..topology.subgroup import subcluster
@@ -77,6 +77,7 @@ class TaskOutcome:
     chosen_measure: Measurement
     synthesized: SynthCandidate | None = None
     notes: list[str] = field(default_factory=list)
+    parent: TaskKey | None = None  # the caller's key this bucket was cut from
 
     @property
     def trials(self) -> int:
@@ -86,7 +87,7 @@ class TaskOutcome:
     def speedup(self) -> float:
         return self.default_measure.time_us / self.chosen_measure.time_us
 
-    def _estimate(self, m: Measurement) -> Estimate:
+    def _estimate(self, m: Measurement, choice: Choice | None = None) -> Estimate:
         coll = Collective(self.key.collective)
         return Estimate(
             size_bytes=self.size,
@@ -94,7 +95,11 @@ class TaskOutcome:
             algbw_gbps=algbw_gbps(self.size, m.time_us),
             busbw_gbps=busbw_gbps(coll, self.key.ranks, self.size, m.time_us),
             source=m.source,
+            choice=choice,
         )
+
+    def default_choice(self) -> Choice:
+        return _choice(self.default) if self.default else Choice(kind="nccl")
 
     @property
     def default_busbw(self) -> float:
@@ -109,19 +114,22 @@ class TaskOutcome:
             return Choice(kind="msccl", algorithm=self.synthesized.name, msccl_file=self.synthesized.msccl_file)
         return _choice(self.deployed)
 
-    def plan_task(self) -> PlanTask:
-        default = _choice(self.default) if self.default else Choice(kind="nccl")
+    def notes_text(self) -> list[str]:
         notes = list(self.notes)
         if self.searched:
             notes.append(f"{self.trials} trials ({self.searched.n_measurements} measurements): {self.searched.reason}")
+        return notes
+
+    def plan_task(self) -> PlanTask:
+        default, chosen = self.default_choice(), self.choice()
         return PlanTask(
             key=self.key,
             default=default,
-            chosen=self.choice(),
-            default_estimates=[self._estimate(self.default_measure)],
-            chosen_estimates=[self._estimate(self.chosen_measure)],
+            chosen=chosen,
+            default_estimates=[self._estimate(self.default_measure, default)],
+            chosen_estimates=[self._estimate(self.chosen_measure, chosen)],
             trials=self.trials,
-            notes=notes,
+            notes=self.notes_text(),
         )
 
 
@@ -154,7 +162,32 @@ class TuningResult:
         return self.files[NCCL_CONF_FILE]
 
     def plan_tasks(self) -> list[PlanTask]:
+        """One PlanTask per size bucket (the unit that was tuned)."""
         return [t.plan_task() for t in self.tasks]
+
+    def plan_tasks_by_key(self) -> list[PlanTask]:
+        """One PlanTask per key given to tune_tasks, with one estimate per bucket (each carrying
+        its choice); `chosen`/`default` are those of the largest bucket, trials are summed."""
+        groups: dict[str, list[TaskOutcome]] = {}
+        keys: dict[str, TaskKey] = {}
+        for t in self.tasks:
+            parent = t.parent or t.key
+            keys.setdefault(parent.label(), parent)
+            groups.setdefault(parent.label(), []).append(t)
+        out = []
+        for label, outcomes in groups.items():
+            last = outcomes[-1]
+            notes = [f"{format_size(o.key.min_bytes)}: {n}" for o in outcomes for n in o.notes_text()]
+            out.append(PlanTask(
+                key=keys[label],
+                default=last.default_choice(),
+                chosen=last.choice(),
+                default_estimates=[o._estimate(o.default_measure, o.default_choice()) for o in outcomes],
+                chosen_estimates=[o._estimate(o.chosen_measure, o.choice()) for o in outcomes],
+                trials=sum(o.trials for o in outcomes),
+                notes=notes,
+            ))
+        return out
 
 
 def make_profiler(spec: str | Profiler, topo: ClusterTopology, *, seed: int = 0, **options: Any) -> Profiler:
@@ -255,12 +288,14 @@ def tune_tasks(
     search = make_searcher(searcher) if isinstance(searcher, str) else searcher
     prof = make_profiler(profiler, topo, seed=seed, sharp=sharp, **profiler_options)
     buckets: list[TaskKey] = []
+    parents: list[TaskKey] = []
     notes: list[str] = []
     for key in tasks:
         found = _buckets(key, prof, size_factor)
         if not found:
             notes.append(f"{key.label()}: the replayed data has no size in this range; not tuned")
         buckets += found
+        parents += [key] * len(found)
     if not buckets:
         raise ValueError("replay: the table has no sizes for any task (check collective, ranks, nodes and --sizes)")
     check_keys(buckets)
@@ -270,6 +305,7 @@ def tune_tasks(
     for i, key in enumerate(buckets):
         say(f"{key.label()} ({search.name} on {prof.name})", i, len(buckets))
         outcomes.append(_tune_one(key, topo, prof, search, budget, seed, version, sharp, verify_reps, subs))
+        outcomes[-1][0].parent = parents[i]
     say("reconciling process-wide knobs", len(buckets), len(buckets))
     g = _reconcile(outcomes, prof, verify_reps, notes)
     for outcome, _facts, _space in outcomes:
@@ -334,11 +370,12 @@ def _sub_topology(topo: ClusterTopology, key: TaskKey, cache: dict[tuple[int, in
     """The communicator's sub-cluster (first nodes, first GPUs of each), for model.nccl_default."""
     shape = (key.ranks, key.nodes)
     if shape not in cache:
-        cache[shape] = _carve(topo, key)
+        cache[shape] = communicator_topology(topo, key)
     return cache[shape]
 
 
-def _carve(topo: ClusterTopology, key: TaskKey) -> ClusterTopology | None:
+def communicator_topology(topo: ClusterTopology, key: TaskKey) -> ClusterTopology | None:
+    """The sub-cluster of a key's communicator: its first nodes, the first GPUs of each."""
     per = key.ranks // key.nodes
     ranks = [n * topo.gpus_per_node + i for n in range(key.nodes) for i in range(per)]
     try:
@@ -457,4 +494,13 @@ def _global_env(g: tuple[str, int, int], outcomes: list[TaskOutcome], facts: lis
     return env
 
 
-__all__ = ["NCCL_CONF_FILE", "TUNER_FILE", "SynthCandidate", "TaskOutcome", "TuningResult", "make_profiler", "tune_tasks"]
+__all__ = [
+    "NCCL_CONF_FILE",
+    "TUNER_FILE",
+    "SynthCandidate",
+    "TaskOutcome",
+    "TuningResult",
+    "communicator_topology",
+    "make_profiler",
+    "tune_tasks",
+]

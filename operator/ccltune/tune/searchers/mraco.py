@@ -37,6 +37,7 @@ class MracoSearcher:
     tv_eps: float = 0.25
     startup_trials: int = 10
     warm_start: bool = True
+    ei_candidates: int = 24  # optuna's default number of TPE candidates per suggestion
     name: str = "mraco"
 
     def search(
@@ -48,7 +49,7 @@ class MracoSearcher:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler = optuna.samplers.TPESampler(
-                seed=seed, multivariate=True, group=True,
+                seed=seed, multivariate=True, group=True, n_ei_candidates=self.ei_candidates,
                 n_startup_trials=min(self.startup_trials + (len(space.subspaces) if self.warm_start else 0),
                                      max(3, budget // 4)),
             )

@@ -1,0 +1,137 @@
+"""NCCL baselines: tree shapes, ring orders, and every schedule proven correct by check_schedule."""
+
+from __future__ import annotations
+
+import pytest
+from cost_model_topos import spec_topology, symmetric_topologies
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ccltune.api.common import Collective
+from ccltune.model.baselines import (
+    SUPPORTED,
+    BaselineError,
+    btree,
+    dtree,
+    nccl_schedule,
+    nvlink_cycles,
+    ring_layouts,
+    ring_order,
+)
+from ccltune.model.check import check_schedule
+from ccltune.model.routing import Router
+
+ALL = [(c, a) for c, algos in SUPPORTED.items() for a in algos]
+
+
+def _tree_ok(n: int, tree: int) -> None:
+    parents = {}
+    for r in range(n):
+        par, kids = dtree(n, r, tree)
+        parents[r] = par
+        for k in kids:
+            assert 0 <= k < n and dtree(n, k, tree)[0] == r
+        assert len(kids) <= 2
+    roots = [r for r, p in parents.items() if p < 0]
+    assert len(roots) == 1
+    for r in range(n):  # every node reaches the root
+        seen, v = set(), r
+        while parents[v] >= 0:
+            assert v not in seen
+            seen.add(v)
+            v = parents[v]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 12, 16, 33])
+def test_double_binary_tree_shapes(n: int) -> None:
+    _tree_ok(n, 0)
+    _tree_ok(n, 1)
+
+
+def test_btree_matches_nccl_layout() -> None:
+    # NCCL trees.cc: 0 is the root with child 4 (n=8); 4 -> (2, 6); 2 -> (1, 3); 6 -> (5, 7).
+    assert btree(8, 0) == (-1, [4])
+    assert btree(8, 4) == (0, [2, 6])
+    assert btree(8, 6) == (4, [5, 7])
+    assert btree(8, 7) == (6, [])
+    assert btree(6, 4) == (0, [2, 5])  # second child clipped into range
+
+
+def test_double_tree_interior_nodes_are_leaves_in_the_other() -> None:
+    n = 8
+    interior = [{r for r in range(n) if dtree(n, r, t)[1]} for t in (0, 1)]
+    assert not (interior[0] & interior[1])
+
+
+def test_ring_is_rail_aligned_on_dgx() -> None:
+    topo = spec_topology(2, 8, "nvswitch", nics=8, layout="rail", intra_bw=300.0)
+    router = Router(topo)
+    exits = set()
+    for ch in range(8):
+        ring = ring_order(topo, ch)
+        assert sorted(ring) == list(range(16))
+        assert all(r // 8 == 0 for r in ring[:8])  # node by node
+        path = [router.channel_name(c) for c in router.path(ring[7], ring[8])]
+        assert not any("spine" in hop for hop in path), path  # stays on its rail
+        exits.add(ring[7])
+    assert len(exits) >= 4  # channels spread over the node's NICs
+
+
+def test_cycles_use_direct_links() -> None:
+    topo = spec_topology(1, 4, "ring", nics=0)
+    for cyc in nvlink_cycles(topo):
+        for a, b in zip(cyc, cyc[1:] + cyc[:1], strict=True):
+            assert (a - b) % 4 in (1, 3)  # neighbours on the 4-GPU NVLink ring
+    full = spec_topology(1, 8, "fully_connected", nics=0)
+    assert len(nvlink_cycles(full)) >= 4  # several distinct rings over the full mesh
+    assert len(ring_layouts(full)) >= 4
+
+
+def test_unknown_algorithm_is_one_clear_error() -> None:
+    topo = spec_topology(1, 4, "nvswitch", nics=0)
+    with pytest.raises(BaselineError, match="not available for allgather"):
+        nccl_schedule("allgather", "tree", topo)
+    with pytest.raises(BaselineError, match="chunks must be >= 1"):
+        nccl_schedule("allreduce", "ring", topo, chunks=0)
+    with pytest.raises(BaselineError, match="root 9 is not a rank"):
+        nccl_schedule("broadcast", "ring", topo, root=9)
+
+
+def test_alltoall_ring_means_direct() -> None:
+    topo = spec_topology(1, 4, "nvswitch", nics=0)
+    s = nccl_schedule("alltoall", "ring", topo)
+    assert len(s.transfers) == 12 and all(t.count == 1 for t in s.transfers)
+
+
+@pytest.mark.parametrize(("coll", "algo"), ALL)
+def test_presets_shape_schedules_are_correct(coll: Collective, algo: str) -> None:
+    topo = spec_topology(2, 4, "nvswitch", nics=2, layout="rail")
+    for channels, chunks in ((1, 1), (2, 3), (4, 1)):
+        s = nccl_schedule(coll, algo, topo, chunks=chunks, channels=channels, root=5)
+        check_schedule(s)
+        assert s.channels == channels and s.nranks == 8
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    topo=symmetric_topologies(),
+    which=st.sampled_from(ALL),
+    channels=st.integers(1, 4),
+    chunks=st.integers(1, 3),
+    root=st.integers(0, 63),
+    in_flight=st.sampled_from([None, 0, 1, 2]),
+)
+def test_random_symmetric_topologies_pass_the_checker(
+    topo, which, channels: int, chunks: int, root: int, in_flight: int | None
+) -> None:
+    coll, algo = which
+    s = nccl_schedule(
+        coll,
+        algo,
+        topo,
+        chunks=chunks,
+        channels=channels,
+        root=root % topo.world_size,
+        in_flight=in_flight,
+    )
+    check_schedule(s)

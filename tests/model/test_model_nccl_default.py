@@ -1,0 +1,96 @@
+"""NCCL's default choice model and the simulated default estimate."""
+
+from __future__ import annotations
+
+import pytest
+from cost_model_topos import spec_topology
+
+from ccltune.api.common import Source
+from ccltune.model.busbw import busbw_gbps
+from ccltune.model.nccl_default import (
+    default_estimate,
+    nccl_default,
+    nccl_graph,
+    predicted_time_us,
+    simulation_shape,
+)
+
+
+@pytest.fixture(scope="module")
+def dgx() -> object:
+    return spec_topology(1, 8, "nvswitch", nics=0, intra_bw=300.0, gpu_model="A100-SXM4-80GB")
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> object:
+    return spec_topology(2, 8, "nvswitch", nics=8, layout="rail", intra_bw=300.0, nic_gbps=25.0)
+
+
+def test_graph_model(dgx) -> None:
+    g = nccl_graph(dgx)
+    # 300 GB/s per GPU: speed 40 (highest of the Ampere array that fits) x 7 channels, then
+    # NCCL duplicates channels of >= 25 GB/s: 14 channels x 20 GB/s.
+    assert g.speed_gbps == 20.0 and g.channels == 14
+    assert g.ll128_ok and g.intra_kind == "nvlink"
+
+
+def test_protocol_moves_from_ll_to_simple_with_size(dgx) -> None:
+    small = nccl_default("allreduce", 1024, dgx).choice
+    mid = nccl_default("allreduce", 16 << 20, dgx).choice
+    big = nccl_default("allreduce", 1 << 30, dgx).choice
+    assert (small.algorithm, small.protocol) == ("ring", "LL")
+    assert mid.protocol == "LL128"
+    assert (big.algorithm, big.protocol) == ("ring", "Simple")
+    # enqueue.cc: tiny messages run on one channel.
+    assert small.channels == 1 and big.channels == nccl_graph(dgx).channels
+
+
+def test_multi_node_small_allreduce_uses_tree(two_nodes) -> None:
+    d = nccl_default("allreduce", 4096, two_nodes)
+    assert d.choice.algorithm == "tree"
+    assert d.predicted_time_us == min(d.table.values())
+    assert nccl_default("allgather", 4096, two_nodes).choice.algorithm == "ring"
+
+
+def test_no_ll128_without_nvlink_or_on_amd() -> None:
+    pcie = spec_topology(1, 4, "pcie", nics=0)
+    amd = spec_topology(1, 8, "fully_connected", nics=0, gpu_model="MI300X")
+    for topo in (pcie, amd):
+        d = nccl_default("allreduce", 16 << 20, topo)
+        assert "ring/LL128" not in d.table and d.choice.protocol != "LL128"
+
+
+def test_prediction_formula(dgx) -> None:
+    g = nccl_graph(dgx)
+    # Ring/Simple allreduce: latency 8.4 + 14 * 3.4; busBw = 14 ch * 20 GB/s; algbw = busBw * 8/14.
+    size = 1 << 28
+    expect = 8.4 + 14 * 3.4 + size / (1000 * 280.0 * 8 / 14)
+    assert predicted_time_us("allreduce", "ring", "Simple", size, g) == pytest.approx(expect)
+
+
+def test_alltoall_is_p2p(dgx) -> None:
+    assert nccl_default("alltoall", 8 * 1024, dgx).choice.protocol == "LL"
+    assert nccl_default("alltoall", 1 << 24, dgx).choice.describe() == "p2p/Simple"
+
+
+def test_simulation_shape_budget() -> None:
+    assert simulation_shape("allreduce", "tree", "Simple", 1 << 30, 8, 16, 10_000) == (41, 8)
+    assert simulation_shape("allreduce", "ring", "Simple", 1 << 30, 8, 16, 10_000)[0] == 1
+    assert simulation_shape("allreduce", "ring", "Simple", 1 << 30, 8, 512, 10_000) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "coll", ["allreduce", "allgather", "reducescatter", "broadcast", "alltoall"]
+)
+def test_default_estimate(two_nodes, coll: str) -> None:
+    size = 1 << 22
+    e = default_estimate(coll, size, two_nodes)
+    assert e.source == Source.SIMULATED and e.size_bytes == size
+    assert e.busbw_gbps == pytest.approx(busbw_gbps(coll, 16, size, e.time_us))
+    assert e.bound_us is not None and 0 < e.bound_us <= e.time_us
+    assert e.pct_of_bound is not None and 0 < e.pct_of_bound <= 100.0
+
+
+def test_bad_size(dgx) -> None:
+    with pytest.raises(ValueError, match="size must be positive"):
+        nccl_default("allreduce", 0, dgx)
