@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/operator_scale.py [--nodes 1000] [--tunings 50] [--nodes-per-tuning 16]
 
-Starts the emulator (tests/controller/harness.py), creates N GPU Nodes and one NodeTopology per
+Starts the emulator (tests/controller/ctl_harness.py), creates N GPU Nodes and one NodeTopology per
 node (the harness writes them from one recorded probe, renamed per node, as N agents would; running
 1,000 agent processes is not the point here), starts `kopf run` of the operator, applies M
 CCLTunings each pinned to its own slice of nodes, and measures wall time until every CCLTuning is
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "controller"))
 
 import httpx  # noqa: E402
-from harness import cluster_at, free_port, operator_env, start_operator  # noqa: E402
+from ctl_harness import cluster_at, free_port, operator_env, start_operator  # noqa: E402
 
 from ccltune_agent.nvml import ReplayNvml  # noqa: E402
 from ccltune_agent.probe import probe  # noqa: E402

@@ -42,13 +42,17 @@ def sizes(lo: int, hi: int, step: int = 2) -> list[int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--collectives", default=",".join(COLLECTIVES))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--min-bytes", type=int, default=1 << 10)
     ap.add_argument("--max-bytes", type=int, default=1 << 30)
-    ap.add_argument("--step", type=int, default=2, help="size factor between points (nccl-tests -f)")
+    ap.add_argument(
+        "--step", type=int, default=2, help="size factor between points (nccl-tests -f)"
+    )
     ap.add_argument("--budget", type=float, default=600.0, help="time budget per synthesis, s")
     ap.add_argument("--workers", type=int, default=1)
     args = ap.parse_args()
@@ -73,7 +77,9 @@ def main() -> None:
                 total_t.append(total)
                 synth_t.append(total - res.timings.get("reference_s", 0.0))
                 tm = res.timings
-                core_t.append(sum(tm.get(k, 0.0) for k in ("coarse_s", "combine_s", "fine_s", "assemble_s")))
+                core_t.append(
+                    sum(tm.get(k, 0.0) for k in ("coarse_s", "combine_s", "fine_s", "assemble_s"))
+                )
                 eval_t.append(tm.get("evaluate_s", 0.0) / len(sz))
             assert res is not None
             big = [s for s in res.sizes if s.size_bytes >= 64 << 20]

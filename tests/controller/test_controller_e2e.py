@@ -16,8 +16,8 @@ import httpx
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import GPU_NODES, LEAF, Operator, node, start_agent
-from harness import REPO, Cluster
+from ctl_harness import REPO, Cluster
+from ctl_world import GPU_NODES, LEAF, Operator, node, start_agent
 
 from ccltune.api.nodetopology import NodeTopology
 from ccltune.controller import daemonset
@@ -249,6 +249,8 @@ def test_plan_job_survives_restart_and_failure(cluster: Cluster, operator: Opera
     assert [p for p in cluster.kubelet.started if p.endswith(job_name)] == [f"{OPERATOR_NS}/{job_name}"]
     expected = offline_manifests(offline)
     assert published(cluster, ns, expected) == expected
+    tuned = condition(cluster, ns, "big", "Tuned")
+    assert tuned is not None and tuned["reason"] in ("Done", "NotAvailable", "DefaultKept"), tuned
 
     cluster.kubelet.fail_with = ("DeadlineExceeded", "Job was active longer than specified deadline")
     try:

@@ -96,3 +96,21 @@ def test_job_failure_reads_the_failed_condition() -> None:
     assert jobs.job_failure(failed) == ("DeadlineExceeded", "too long")
     assert jobs.job_failure({"status": {"active": 1}}) is None
     assert jobs.job_succeeded({"status": {"succeeded": 1}})
+
+
+def test_needs_job_thresholds() -> None:
+    from ccltune.api.cluster import ClusterNode, ClusterTopology
+
+    cluster = ClusterTopology(name="c", gpus_per_node=8,
+                              nodes=[ClusterNode(name=f"n{i}", gpus=8) for i in range(4)])  # 32 GPUs
+    cfg = load_config({"CCLTUNE_INPROCESS_MAX_GPUS": "64", "CCLTUNE_INPROCESS_MAX_SYNTH_GPUS": "16",
+                       "CCLTUNE_INPROCESS_MAX_TRIALS": "500"})
+    plain = spec()
+    assert jobs.needs_job(plain, cluster, 3, cfg) is None
+    synth = CCLTuningSpec.model_validate({"collectives": [{"op": "allreduce"}], "synthesis": {"enabled": True}})
+    assert "synthesis over 32 GPUs" in (jobs.needs_job(synth, cluster, 1, cfg) or "")
+    tuned = CCLTuningSpec.model_validate({"collectives": [{"op": "allreduce"}], "tuning": {"enabled": True, "budget": 200}})
+    assert jobs.needs_job(tuned, cluster, 2, cfg) is None  # 400 trials
+    assert "600 tuning trials" in (jobs.needs_job(tuned, cluster, 3, cfg) or "")
+    small = load_config({"CCLTUNE_INPROCESS_MAX_GPUS": "16"})
+    assert "32 GPUs" in (jobs.needs_job(plain, cluster, 1, small) or "")

@@ -78,3 +78,15 @@ def _merge(pod: dict, desired: dict) -> dict:
     out.setdefault("metadata", {}).setdefault("annotations", {}).update(desired["metadata"]["annotations"])
     out["spec"].update(desired["spec"])
     return json.loads(json.dumps(out))
+
+
+def test_pytorchjob_example_selects_the_jobs_pods() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "ccltuning-pytorchjob.yaml").read_text())
+    e = webhook.entry(doc["metadata"]["name"], doc["spec"], {})
+    assert e is not None and e.pointer == "gpt-13b-nccl"
+    assert webhook.select({"training.kubeflow.org/job-name": "gpt-13b", "role": "worker"}, [e]) is e
+    assert webhook.select({"training.kubeflow.org/job-name": "other"}, [e]) is None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import kubernetes_validate.utils as kv_utils
 import pytest
 
 from .chart import KUBE_VERSION, KUBE_VERSIONS, Rendered
@@ -43,6 +45,11 @@ _THIRD_PARTY: dict[tuple[str, str], dict[str, Any]] = {
             "type": "object", "properties": {"port": {"type": "string"}, "interval": {"type": "string"}}}}},
     },
 }
+
+
+# kubernetes-validate re-reads its (multi-MB) schema files on every call; they never change
+# within a run, and jsonschema does not mutate them, so read each once.
+kv_utils.schema_contents = functools.lru_cache(maxsize=None)(kv_utils.schema_contents)
 
 
 def _name(doc: dict[str, Any]) -> str:

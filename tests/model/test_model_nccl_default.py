@@ -89,8 +89,16 @@ def test_default_estimate(two_nodes, coll: str) -> None:
     assert e.busbw_gbps == pytest.approx(busbw_gbps(coll, 16, size, e.time_us))
     assert e.bound_us is not None and 0 < e.bound_us <= e.time_us
     assert e.pct_of_bound is not None and 0 < e.pct_of_bound <= 100.0
+    assert e.choice == nccl_default(coll, size, two_nodes).choice
 
 
 def test_bad_size(dgx) -> None:
     with pytest.raises(ValueError, match="size must be positive"):
         nccl_default("allreduce", 0, dgx)
+
+
+def test_single_gpu() -> None:
+    one = spec_topology(1, 1, "pcie", nics=0)
+    assert nccl_default("allreduce", 1024, one).predicted_time_us == 0.0
+    with pytest.raises(ValueError, match="has 1 GPU"):
+        default_estimate("allreduce", 1024, one)

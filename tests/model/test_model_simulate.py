@@ -191,6 +191,8 @@ def test_errors_are_clear() -> None:
     with pytest.raises(SimulationError, match="dependency 7 does not exist"):
         simulate(Schedule("b", Collective.ALLGATHER, 2, 1, [Transfer(0, 1, 0, deps=(7,))]),
                  topo, 10)  # fmt: skip
+    with pytest.raises(SimulationError, match="router was built for cluster 'ring', not 'star'"):
+        simulate(good, topo, 10, router=Router(ring_topo(2, 1.0, 0.0)))
     with pytest.raises(SimulationError, match="4 ranks but cluster 'star' has 2"):
         simulate(Schedule("b", Collective.ALLGATHER, 4, 1, [Transfer(0, 1, 0)]), topo, 10)
 

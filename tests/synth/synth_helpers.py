@@ -14,7 +14,9 @@ def make_cluster(gpus: int, servers: int, fabric: str = "nvswitch", layout: str 
         intra = IntraNode(fabric="nvswitch", bandwidth_gbps=nvlink)
     else:
         intra = IntraNode(fabric=fabric, link_bandwidth_gbps=nvlink)
-    net = Network(layout=layout, tiers=[Tier(name=f"t{i}", size=s) for i, s in enumerate(tiers or [])])
+    net = Network(
+        layout=layout, tiers=[Tier(name=f"t{i}", size=s) for i, s in enumerate(tiers or [])]
+    )
     spec = ClusterSpec(name=f"t-{fabric}-{gpus}x{servers}", servers=servers, gpus_per_server=gpus,
                        intra_node=intra, nics=Nics(per_server=gpus, rate_gbps=nic_gbps),
                        network=net)  # fmt: skip

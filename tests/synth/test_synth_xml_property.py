@@ -24,7 +24,9 @@ clusters = st.builds(
 )
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(topo=clusters, coll=st.sampled_from(list(Collective)))
 def test_every_written_xml_passes_the_checker(topo, coll, tmp_path_factory) -> None:
     if topo.dimensions is None or topo.world_size < 2:

@@ -47,12 +47,20 @@ def _table(res: SynthesisResult) -> Table:
 
 
 def synthesize_cmd(
-    cluster: str | None = typer.Option(None, "--cluster", "-c", help="Preset name or cluster YAML file."),
+    cluster: str | None = typer.Option(
+        None, "--cluster", "-c", help="Preset name or cluster YAML file."
+    ),
     network: Path | None = typer.Option(None, "--network", help="ASTRA-sim network YAML."),
-    collective: str = typer.Option(..., "--collective", help="allgather, reducescatter, allreduce, alltoall or broadcast."),
+    collective: str = typer.Option(
+        ..., "--collective", help="allgather, reducescatter, allreduce, alltoall or broadcast."
+    ),
     sizes: str = typer.Option("1K:1G", "--sizes", help="LO:HI (powers of two) or a comma list."),
-    out: Path = typer.Option(Path("msccl"), "--out", "-o", help="Directory for the MSCCL XML files."),
-    budget: float = typer.Option(120.0, "--time-budget", help="Seconds; the best found so far is used when it runs out."),
+    out: Path = typer.Option(
+        Path("msccl"), "--out", "-o", help="Directory for the MSCCL XML files."
+    ),
+    budget: float = typer.Option(
+        120.0, "--time-budget", help="Seconds; the best found so far is used when it runs out."
+    ),
     workers: int = typer.Option(1, "--workers", help="Processes for sub-demand MILPs."),
 ) -> None:
     """Synthesize schedules per size range (SyCCL) and write MSCCL algorithm files."""
@@ -62,7 +70,9 @@ def synthesize_cmd(
         try:
             coll = Collective(collective.lower())
         except ValueError:
-            fail(f"--collective {collective!r}: use one of {', '.join(c.value for c in Collective)}")
+            fail(
+                f"--collective {collective!r}: use one of {', '.join(c.value for c in Collective)}"
+            )
         size_list = parse_sizes(sizes)
         topo = load_cluster(str(network) if network is not None else str(cluster))
         if budget <= 0:

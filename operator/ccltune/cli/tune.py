@@ -104,10 +104,14 @@ def _print(result: TuningResult) -> None:
         k = t.key
         task = str(k.collective) + ("" if k.role == "world" else f" ({k.role})")
         default = t.plan_task().default.describe() if t.default else "NCCL (logged)"
-        tuned = t.choice().describe()
-        if t.deployed is not None and t.synthesized is None:
-            tuned += f"/{t.deployed.threads}t"
-        sizes = format_size(k.min_bytes) if k.min_bytes == k.max_bytes else f"{format_size(k.min_bytes)}-{format_size(k.max_bytes + 1)}"
+        if t.synthesized is not None:
+            tuned = t.choice().describe()
+        elif t.deployed is not None:
+            tuned = f"{t.choice().describe()}/{t.deployed.threads}t"
+        else:
+            tuned = "NCCL (logged)"
+        end = k.max_bytes + 1 if (k.max_bytes + 1) & k.max_bytes == 0 else k.max_bytes  # exclusive 2^n end
+        sizes = format_size(k.min_bytes) if k.min_bytes == k.max_bytes else f"{format_size(k.min_bytes)}-{format_size(end)}"
         table.add_row(task, sizes, default,
                       f"{t.default_busbw:.1f}", tuned, f"{t.chosen_busbw:.1f}", f"{t.speedup:.2f}x", str(t.trials))
     console.print(table)

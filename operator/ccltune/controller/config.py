@@ -53,6 +53,7 @@ class OperatorConfig(BaseModel):
     inprocess_concurrency: int = Field(1, ge=1, le=64)  # plans running in the operator at once
     topology_timeout_seconds: float = Field(300, gt=0)
     retry_seconds: float = Field(5, gt=0)
+    job_poll_seconds: float = Field(15, gt=0)  # how often a pass re-checks a running plan Job
     job_backoff_limit: int = Field(0, ge=0)
     job_ttl_seconds: int = Field(3600, ge=0)
     metrics_port: int = Field(8080, ge=0, le=65535)  # 0 turns the metrics endpoint off

@@ -48,6 +48,12 @@ class Context:
     waiting: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     # In-process plans are CPU-bound and share the GIL: more at once only adds memory.
     plan_slots: asyncio.Semaphore | None = None
+    gather_slots: asyncio.Semaphore | None = None
+
+    def gathering(self) -> asyncio.Semaphore:
+        if self.gather_slots is None:
+            self.gather_slots = asyncio.Semaphore(4)
+        return self.gather_slots
 
     def slots(self) -> asyncio.Semaphore:
         if self.plan_slots is None:
@@ -154,7 +160,6 @@ async def _reconcile(ctx: Context, body: dict[str, Any], book: StatusBook, *, st
                      logger: Any) -> None:
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    key = (ns, name)
     try:
         spec = CCLTuningSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
@@ -166,7 +171,26 @@ async def _reconcile(ctx: Context, body: dict[str, Any], book: StatusBook, *, st
     action = await daemonset.sync(ctx.client, ctx.cfg)
     metrics.DAEMONSET_SYNCS.labels(action).inc()
 
-    # Which nodes, and their reports.
+    # Node and report objects are big and many: read them a few tunings at a time, and only
+    # inside _cluster, so they are garbage once the ClusterTopology exists.
+    async with ctx.gathering():
+        cluster = await _cluster(ctx, body, spec, book, started)
+
+    input_digest = jobs.input_hash(jobs.plan_input(spec, cluster, name=name), ns)
+    if await _up_to_date(ctx, body, spec, input_digest, book):
+        _ready_set(meta, True)
+        return  # e.g. an operator restart: same inputs, same plan, nothing to redo
+    plan = await _plan(ctx, body, spec, cluster, book, logger)
+    await _publish(ctx, body, spec, plan, book, input_digest)
+    await write_status(ctx, body, book)
+
+
+async def _cluster(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, book: StatusBook,
+                   started: datetime) -> ClusterTopology:
+    """Targets -> their reports -> ClusterTopology; sets TopologyReady either way."""
+    meta = body["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    key = (ns, name)
     nodes = await ctx.client.list("v1", "nodes")
     pods = [] if (spec.nodes.names or spec.nodes.selector) else await ctx.client.list("v1", "pods", ns)
     targets = target_nodes(spec, nodes, pods, ctx.cfg.gpu_label)
@@ -215,13 +239,7 @@ async def _reconcile(ctx: Context, body: dict[str, Any], book: StatusBook, *, st
         nodes=cluster.node_count, gpus=cluster.world_size, gpu_model=cluster.gpu_model[:256],
         dimensions=topology.describe(cluster)[:256], symmetric=cluster.dimensions is not None)
 
-    input_digest = jobs.input_hash(jobs.plan_input(spec, cluster, name=name), ns)
-    if await _up_to_date(ctx, body, spec, input_digest, book):
-        _ready_set(meta, True)
-        return  # e.g. an operator restart: same inputs, same plan, nothing to redo
-    plan = await _plan(ctx, body, spec, cluster, book, logger)
-    await _publish(ctx, body, spec, plan, book, input_digest)
-    await write_status(ctx, body, book)
+    return cluster
 
 
 async def _reports(ctx: Context, targets: list[str]) -> dict[str, dict[str, Any]]:
@@ -300,6 +318,9 @@ async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster
         raise Stop(str(exc)) from None
     why = jobs.needs_job(spec, cluster, ntasks, ctx.cfg)
     if why is None:
+        queued = " (queued behind other plans)" if ctx.slots().locked() else ""
+        book.set("Ready", "Unknown", "Planning", f"planning {ntasks} task(s) in the operator{queued}")
+        await write_status(ctx, body, book)  # planning can take a while: say so now
         try:
             async with ctx.slots():
                 t0 = time.monotonic()
@@ -367,7 +388,7 @@ async def _plan_in_job(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, 
         if enabled:
             book.set(ctype, "Unknown", "PlanJobRunning", message)
     book.set("Ready", "False", "PlanJobRunning", message)
-    raise Stop(message, delay=ctx.cfg.retry_seconds)
+    raise Stop(message, delay=ctx.cfg.job_poll_seconds)
 
 
 def _plan_failed(book: StatusBook, spec: CCLTuningSpec, reason: str, message: str) -> None:

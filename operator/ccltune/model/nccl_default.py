@@ -52,7 +52,7 @@ from .cost import (
     tree_correction,
 )
 from .routing import Router
-from .simulate import simulate
+from .simulate import Engine, simulate
 
 P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD default, bytes per peer
 
@@ -190,6 +190,11 @@ def nccl_default(
     if size_bytes <= 0:
         raise ValueError(f"size must be positive, got {size_bytes} bytes")
     g = nccl_graph(topo)
+    if g.nranks < 2:
+        # NCCL turns a 1-rank collective into a local copy: no algorithm, protocol or model.
+        return NcclDefault(
+            Choice(kind="nccl", algorithm="ring", protocol="Simple", channels=1), 0.0
+        )
     if coll == Collective.ALLTOALL:
         per_peer = size_bytes / max(g.nranks, 1)
         proto = "LL" if per_peer <= P2P_LL_THRESHOLD else "Simple"
@@ -300,6 +305,10 @@ def default_estimate(
 ) -> Estimate:
     """Simulate NCCL's default choice (its baseline schedule, protocol and channels)."""
     coll = Collective(collective)
+    if topo.world_size < 2:
+        raise ValueError(
+            f"cluster {topo.name!r} has 1 GPU: a collective there moves no data, nothing to estimate"
+        )
     d = nccl_default(coll, size_bytes, topo)
     g = nccl_graph(topo)
     algo = d.choice.algorithm or "ring"
@@ -311,7 +320,9 @@ def default_estimate(
     )
     sched = nccl_schedule_arrays(coll, sched_algo, topo, chunks=chunks, channels=sim_channels)
     cost = protocol_cost(proto, link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)
-    res = simulate(sched, topo, size_bytes, cost, router)
+    # alltoall runs every flow at once: the batched engine handles that contention far faster.
+    engine: Engine = "batch" if coll == Collective.ALLTOALL else "auto"
+    res = simulate(sched, topo, size_bytes, cost, router, engine=engine)
     t = max(res.time_us, 1e-9)
     bound_us = pct = None
     if with_bound:
@@ -325,4 +336,5 @@ def default_estimate(
         source=Source.SIMULATED,
         bound_us=bound_us,
         pct_of_bound=pct,
+        choice=d.choice,
     )

@@ -412,7 +412,12 @@ def simulate(
     arrays = (
         schedule if isinstance(schedule, ScheduleArrays) else ScheduleArrays.from_schedule(schedule)
     )
-    router = router if router is not None else Router(topo)
+    if router is None:
+        router = Router(topo)
+    elif router.topo is not topo and router.topo != topo:
+        raise SimulationError(
+            f"the router was built for cluster {router.topo.name!r}, not {topo.name!r}"
+        )
     p = _prepare(arrays, router, size_bytes, protocol)
     use = engine if engine != "auto" else ("batch" if p.n >= _AUTO_BATCH_MIN else "heap")
     if use == "heap":

@@ -24,6 +24,8 @@ from .sketch import Sketch, Stage
 
 # Blocks of chunks map round-robin onto at most this many MSCCL channels (threadblock pairs).
 MAX_CHANNELS = 8
+FIFO_SLOTS = 2
+REDUCE_WINDOW = 2
 
 
 def stage_demand(dims: list[Dimension], stage: Stage, symmetric: bool, pieces: int) -> SubDemand:
@@ -55,10 +57,11 @@ class Builder:
     """Accumulates transfers into flat lists (ScheduleArrays at the end)."""
 
     def __init__(self) -> None:
-        # Transfers of one stream between one (src, dst) pair run in program order, as NCCL's
-        # connection FIFO does: piece j+1 then follows piece j, so stage 2 of piece j overlaps
-        # stage 1 of piece j+1 instead of all pieces sharing the link and arriving together.
-        self.last: dict[tuple[int, int, int], int] = {}
+        # Transfers of one stream between one (src, dst) pair run in program order with at most
+        # FIFO_SLOTS in flight, as NCCL's connection FIFO does (NCCL_STEPS slots): piece j+2
+        # waits for piece j, so stage 2 of piece j overlaps stage 1 of later pieces instead of all
+        # pieces sharing the link and arriving together, while two slots hide the step latency.
+        self.last: dict[tuple[int, int, int], list[int]] = {}
         self.src: list[int] = []
         self.dst: list[int] = []
         self.chunk: list[int] = []
@@ -70,10 +73,12 @@ class Builder:
     def add(self, src: int, dst: int, chunk: int, deps: tuple[int, ...], count: int = 1,
             channel: int = 0, reduce: bool = False, stream: int | None = None) -> int:  # fmt: skip
         if stream is not None:
-            prev = self.last.get((src, dst, stream))
-            if prev is not None and prev not in deps:
-                deps = (*deps, prev)
-            self.last[(src, dst, stream)] = len(self.src)
+            inflight = self.last.setdefault((src, dst, stream), [])
+            if len(inflight) >= FIFO_SLOTS:
+                prev = inflight.pop(0)
+                if prev not in deps:
+                    deps = (*deps, prev)
+            inflight.append(len(self.src))
         self.src.append(src)
         self.dst.append(dst)
         self.chunk.append(chunk)
@@ -155,7 +160,9 @@ def broadcast_tree(
                     continue  # already holds this piece (the root after a relay)
                 dep = arrival.get((ru, p))
                 if dep is None and ru != root:
-                    raise AssertionError(f"pattern sends piece {p} from rank {ru} before it holds it")
+                    raise AssertionError(
+                        f"pattern sends piece {p} from rank {ru} before it holds it"
+                    )
                 arrival[(rv, p)] = b.add(ru, rv, chunk_ids[p], () if dep is None else (dep,),
                                          channel=channel,
                                          stream=-1 if pair_fifo else root)  # fmt: skip
@@ -191,7 +198,9 @@ def allgather(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: in
             # Rank r's sketch is rank 0's translated: patterns are relative to the acting source.
             broadcast_tree(fab, sk, patterns, root, ids, b, symmetric=True, channel=ch % MAX_CHANNELS,
                            pair_fifo=pair_fifo)  # fmt: skip
-    return b.arrays(name, Collective.ALLGATHER, fab.nranks, cpr, channels=min(len(blocks), MAX_CHANNELS))
+    return b.arrays(
+        name, Collective.ALLGATHER, fab.nranks, cpr, channels=min(len(blocks), MAX_CHANNELS)
+    )
 
 
 def broadcast(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int, root: int,
@@ -205,11 +214,15 @@ def broadcast(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: in
                     channels=min(len(blocks), MAX_CHANNELS))  # fmt: skip
 
 
-def reverse(ag: ScheduleArrays, coll: Collective, name: str) -> ScheduleArrays:
+def reverse(
+    ag: ScheduleArrays, coll: Collective, name: str, fab: Fabric | None = None
+) -> ScheduleArrays:
     """AllGather run backwards: each transfer reversed into a reduce, deps reversed.
 
-    Reduces into one (rank, chunk) are chained so that no two writes race (the checker demands
-    a dependency path between writes of one buffer).
+    Reduces into one (rank, chunk) are chained so that no two writes race (the checker demands a
+    dependency path between writes of one buffer). Reduces of one owner's data into one GPU over
+    one dimension are chained as well: otherwise every piece's chain shares the port, all finish
+    together, and the next stage cannot start early (no overlap).
     """
     n = len(ag)
     succ: list[list[int]] = [[] for _ in range(n)]
@@ -222,19 +235,28 @@ def reverse(ag: ScheduleArrays, coll: Collective, name: str) -> ScheduleArrays:
     new_of = {old: pos for pos, old in enumerate(order)}
     src, dst, chunk = ag.dst.tolist(), ag.src.tolist(), ag.chunk.tolist()
     b = Builder()
-    last_into: dict[tuple[int, int], int] = {}
+    last_chunk: dict[tuple[int, int], int] = {}
+    window: dict[tuple[int, int, int], list[int]] = {}
     cpr = ag.chunks_per_rank
     for old in order:
         deps = {new_of[c] for c in succ[old]}
-        # Chain every reduce into one GPU of one owner's data, not just of one chunk: otherwise
-        # all pieces' chains share the port, finish together and the next stage cannot overlap.
-        key = (dst[old], chunk[old] // cpr)
-        prev = last_into.get(key)
+        s_, d_, c_ = src[old], dst[old], chunk[old]
+        dim = 0
+        if fab is not None:
+            dim = next(k for k in range(len(fab.dims)) if fab.coord(s_, k) != fab.coord(d_, k))
+        kc, kp = (d_, c_), (d_, c_ // cpr, dim)
+        prev = last_chunk.get(kc)
         if prev is not None:
             deps.add(prev)
-        i = b.add(src[old], dst[old], chunk[old], tuple(sorted(deps)), int(ag.count[old]),
-                  int(ag.channel[old]), reduce=True)  # fmt: skip
-        last_into[key] = i
+        # At most REDUCE_WINDOW reduces of one owner into one port in flight: pieces complete
+        # roughly in order, and the step latency of a reduce hides behind the others.
+        inflight = window.setdefault(kp, [])
+        if len(inflight) >= REDUCE_WINDOW:
+            deps.add(inflight.pop(0))
+        i = b.add(s_, d_, c_, tuple(sorted(deps)), int(ag.count[old]), int(ag.channel[old]),
+                  reduce=True)  # fmt: skip
+        last_chunk[kc] = i
+        inflight.append(i)
     return b.arrays(name, coll, ag.nranks, ag.chunks_per_rank, channels=ag.channels)
 
 

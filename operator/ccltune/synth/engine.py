@@ -171,8 +171,10 @@ def synthesize(
     variants: list[tuple[str, ScheduleArrays]] = []
     # Deeper pipelines (more chunks per sketch) trade step latency for stage overlap.
     # Deeper pipelines (more chunks per sketch) trade step latency for stage overlap.
-    deep_factor = 8 if coll == Collective.BROADCAST else 4
+    deep_factor = 8 if coll == Collective.BROADCAST or fab.nranks <= 32 else 4
     shapes = [(1, 1), (fine_pieces, 1), (1, deep_factor)] if fine else [(1, 1), (1, deep_factor)]
+    if deep_factor > 4:
+        shapes.append((1, 4))  # mid sizes: less step latency than the deepest pipeline
     if coll == Collective.ALLTOALL:
         shapes = [(1, 1)]
     if fab.nranks >= LARGE_RANKS:
@@ -296,7 +298,7 @@ def _build(fab: asm.Fabric, coll: Collective, cand: Candidate, patterns: asm.Pat
     ag = asm.allgather(fab, cols, patterns, pieces, name, pair_fifo=fab.nranks >= LARGE_RANKS)
     if coll == Collective.ALLGATHER:
         return ag
-    rs = asm.reverse(ag, Collective.REDUCESCATTER, name)
+    rs = asm.reverse(ag, Collective.REDUCESCATTER, name, fab)
     if coll == Collective.REDUCESCATTER:
         return rs
     return asm.allreduce(rs, ag, name)
@@ -312,7 +314,9 @@ def _bound(coll: Collective, size: int, topo: ClusterTopology) -> float:
     )  # fmt: skip
 
 
-def _estimate(coll: Collective, size: int, topo: ClusterTopology, t: float, bound: float) -> Estimate:
+def _estimate(
+    coll: Collective, size: int, topo: ClusterTopology, t: float, bound: float
+) -> Estimate:
     return Estimate(
         size_bytes=size, time_us=t, algbw_gbps=algbw_gbps(size, t),
         busbw_gbps=busbw_gbps(coll, topo.world_size, size, t), source=Source.SIMULATED,
@@ -320,11 +324,15 @@ def _estimate(coll: Collective, size: int, topo: ClusterTopology, t: float, boun
     )  # fmt: skip
 
 
-def _nccl_size(coll: Collective, s: int, topo: ClusterTopology, d: Estimate, reason: str) -> SizeResult:
+def _nccl_size(
+    coll: Collective, s: int, topo: ClusterTopology, d: Estimate, reason: str
+) -> SizeResult:
     bound = _bound(coll, s, topo)
     est = _estimate(coll, s, topo, d.time_us, bound)
     ch = nccl_default(coll, s, topo).choice
-    return SizeResult(s, f"nccl:{ch.describe()}", ch.protocol or "Simple", est, est, None, bound, reason)
+    return SizeResult(
+        s, f"nccl:{ch.describe()}", ch.protocol or "Simple", est, est, None, bound, reason
+    )
 
 
 def _pick(coll: Collective, s: int, topo: ClusterTopology, default: Estimate,

@@ -162,7 +162,10 @@ def greedy(demand: SubDemand) -> list[tuple[int, int, int, int]]:
     return sends
 
 
-def _prune(demand: SubDemand, sends: list[tuple[int, int, int, int]]) -> list[tuple[int, ...]]:
+Send = tuple[int, int, int, int]  # (epoch, piece, src, dst)
+
+
+def _prune(demand: SubDemand, sends: list[Send]) -> list[Send]:
     """Keep first arrivals only and drop sends whose data never reaches a receiver."""
     first: dict[tuple[int, int], tuple[int, int, int, int]] = {}
     for s in sorted(sends):
@@ -180,7 +183,7 @@ def _prune(demand: SubDemand, sends: list[tuple[int, int, int, int]]) -> list[tu
         kept = new
 
 
-def _epochs(sends: list[tuple[int, ...]]) -> int:
+def _epochs(sends: list[Send]) -> int:
     return 1 + max(s[0] for s in sends) if sends else 0
 
 
@@ -196,11 +199,15 @@ def solve(demand: SubDemand, *, time_limit_s: float = 2.0) -> SubSchedule:
     nvars = demand.pieces * len(links) * horizon
     if horizon <= lower or nvars > MAX_VARS or time_limit_s <= 0:
         status = "optimal" if horizon <= lower else "greedy"
-        return SubSchedule(demand, tuple(warm), horizon, status, time.perf_counter() - start)  # type: ignore[arg-type]
+        return SubSchedule(demand, tuple(warm), horizon, status, time.perf_counter() - start)
     sends, status = _milp(demand, horizon, warm, time_limit_s)
     pruned = _prune(demand, sends)
     return SubSchedule(
-        demand, tuple(pruned), _epochs(pruned), status, time.perf_counter() - start  # type: ignore[arg-type]
+        demand,
+        tuple(pruned),
+        _epochs(pruned),
+        status,
+        time.perf_counter() - start,
     )
 
 
@@ -221,15 +228,25 @@ def _lower_bound(demand: SubDemand) -> int:
 
 
 def _milp(
-    demand: SubDemand, horizon: int, warm: list[tuple[int, ...]], time_limit_s: float
+    demand: SubDemand, horizon: int, warm: list[Send], time_limit_s: float
 ) -> tuple[list[tuple[int, int, int, int]], str]:
     k, g, T = demand.pieces, demand.group.size, horizon
     links = demand.group.links()
     cap = _Capacity(demand)
     # Column layout: x | h | y.
-    xi = {(p, e, t): (p * len(links) + e) * T + t for p in range(k) for e in range(len(links)) for t in range(T)}
+    xi = {
+        (p, e, t): (p * len(links) + e) * T + t
+        for p in range(k)
+        for e in range(len(links))
+        for t in range(T)
+    }
     nx = len(xi)
-    hi = {(p, v, t): nx + (p * g + v) * (T + 1) + t for p in range(k) for v in range(g) for t in range(T + 1)}
+    hi = {
+        (p, v, t): nx + (p * g + v) * (T + 1) + t
+        for p in range(k)
+        for v in range(g)
+        for t in range(T + 1)
+    }
     nh = len(hi)
     yi = {t: nx + nh + t - 1 for t in range(1, T + 1)}
     n = nx + nh + len(yi)
@@ -294,27 +311,36 @@ def _milp(
         starts[i] = len(index)
         index.extend(idx)
         value.extend(val)
-    h.addRows(len(rows), lower, upper, len(index), starts, np.array(index, dtype=np.int32), np.array(value))
-    h.setSolution(n, np.arange(n, dtype=np.int32), _warm_values(demand, warm, xi, hi, yi, n, T, links))
+    h.addRows(
+        len(rows),
+        lower,
+        upper,
+        len(index),
+        starts,
+        np.array(index, dtype=np.int32),
+        np.array(value),
+    )
+    h.setSolution(
+        n, np.arange(n, dtype=np.int32), _warm_values(demand, warm, xi, hi, yi, n, T, links)
+    )
     h.run()
     status = h.getModelStatus()
     sol = h.getSolution()
-    if sol.value_valid and status in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
+    if sol.value_valid and status in (
+        highspy.HighsModelStatus.kOptimal,
+        highspy.HighsModelStatus.kTimeLimit,
+    ):
         col = sol.col_value
-        sends = [
-            (t, p, links[e][0], links[e][1])
-            for (p, e, t), i in xi.items()
-            if col[i] > 0.5
-        ]
+        sends = [(t, p, links[e][0], links[e][1]) for (p, e, t), i in xi.items() if col[i] > 0.5]
         tag = "optimal" if status == highspy.HighsModelStatus.kOptimal else "time-limit"
         if _valid(demand, sends):
             return sends, tag
-    return [tuple(s) for s in warm], "greedy"  # type: ignore[misc]
+    return list(warm), "greedy"
 
 
 def _warm_values(
     demand: SubDemand,
-    warm: list[tuple[int, ...]],
+    warm: list[Send],
     xi: dict[tuple[int, int, int], int],
     hi: dict[tuple[int, int, int], int],
     yi: dict[int, int],

@@ -27,7 +27,9 @@ def _weight(d: SubDemand) -> int:
     return d.pieces * len(d.group.links()) * max(1, len(d.receivers))
 
 
-def plan_shards(demands: Iterable[SubDemand], shards: int, *, time_limit_s: float = 2.0) -> ShardPlan:
+def plan_shards(
+    demands: Iterable[SubDemand], shards: int, *, time_limit_s: float = 2.0
+) -> ShardPlan:
     """Dedupe by isomorphism class and spread the classes over `shards` (largest first)."""
     unique: dict[tuple[object, ...], SubDemand] = {}
     for d in demands:
@@ -117,7 +119,9 @@ def results_json(results: list[SubSchedule]) -> str:
 def results_from_json(text: str) -> list[SubSchedule]:
     out = []
     for x in json.loads(text):
-        sends = tuple(tuple(int(v) for v in t) for t in x["sends"])
-        out.append(SubSchedule(_demand_of(x["demand"]), sends, int(x["epochs"]),  # type: ignore[arg-type]
-                               str(x["status"]), float(x["solveS"])))  # fmt: skip
+        sends = tuple((int(t[0]), int(t[1]), int(t[2]), int(t[3])) for t in x["sends"])
+        demand = _demand_of(x["demand"])
+        out.append(
+            SubSchedule(demand, sends, int(x["epochs"]), str(x["status"]), float(x["solveS"]))
+        )
     return out

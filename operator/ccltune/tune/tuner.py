@@ -321,7 +321,7 @@ def tune_tasks(
     header = (f"ccltune tune: {len(buckets)} task keys on {topo.name}, searcher {search.name}, "
               f"profiler {prof.name} ({prof.source}), budget {budget}/key, seed {seed}")
     files = {TUNER_FILE: render_tuner_csv(rows, header), NCCL_CONF_FILE: render_nccl_conf(env, header)}
-    if any(Collective(o.key.collective) != Collective.ALLTOALL for o, _, _ in outcomes):
+    if rows:
         notes.append("NCCL's example tuner plugin gives 1 channel to calls no row matches: load "
                      f"{TUNER_FILE} only in jobs whose communicators are the tuned shapes")
     return TuningResult([o for o, _, _ in outcomes], env, files, notes, prof.source, search.name,

@@ -37,7 +37,7 @@ class MracoSearcher:
     tv_eps: float = 0.25
     startup_trials: int = 10
     warm_start: bool = True
-    ei_candidates: int = 24  # optuna's default number of TPE candidates per suggestion
+    ei_candidates: int = 64  # TPE candidates per suggestion (optuna default 24; see docs)
     name: str = "mraco"
 
     def search(

@@ -399,6 +399,7 @@ def operator_env(cluster: Cluster, **overrides: str) -> dict[str, str]:
         "CCLTUNE_WEBHOOK_ADDR": "127.0.0.1",
         "CCLTUNE_WEBHOOK_PORT": str(free_port()),
         "CCLTUNE_RETRY_SECONDS": "0.5",
+        "CCLTUNE_JOB_POLL_SECONDS": "0.5",
         "CCLTUNE_TOPOLOGY_TIMEOUT_SECONDS": "60",
     })
     env.update(overrides)
