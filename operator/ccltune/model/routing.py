@@ -79,6 +79,43 @@ class Router:
         self._out_ptr = np.searchsorted(self.chan_src[order], np.arange(nvert + 1))
         self._trees: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}
+        nic = np.zeros(nvert, dtype=bool)
+        for dev in topo.devices:
+            if dev.kind == DeviceKind.NIC:
+                nic[vertices[dev.id]] = True
+        self.home_nic = self._bind_nics(nic)
+
+    def _bind_nics(self, nic: np.ndarray) -> np.ndarray:
+        """Each GPU's own NIC among the nearest ones, as NCCL binds them (-1: none).
+
+        GPUs that see the same nearest NICs share them round-robin in rank order, so GPU k of a
+        PCIe switch with two NICs uses NIC k: traffic leaves by the GPU's own rail instead of a
+        hash, which also keeps routes equivariant under the fabric's symmetries.
+        """
+        home = np.full(len(nic), -1, dtype=np.int64)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for rank in range(self.nranks):
+            g = int(self.rank_vertex[rank])
+            if g < 0:
+                continue
+            seen, frontier = {g}, [g]
+            found: list[int] = []
+            while frontier and not found:
+                nxt: list[int] = []
+                for u in frontier:
+                    for c in self._out_ch[self._out_ptr[u] : self._out_ptr[u + 1]].tolist():
+                        v = int(self.chan_dst[c])
+                        if v in seen or self.is_gpu[v]:
+                            continue
+                        seen.add(v)
+                        (found if nic[v] else nxt).append(v)
+                frontier = nxt
+            if found:
+                groups.setdefault(tuple(sorted(found)), []).append(g)
+        for nics, gpus in groups.items():
+            for k, g in enumerate(gpus):
+                home[g] = nics[k % len(nics)]
+        return home
 
     @property
     def nchannels(self) -> int:
@@ -168,9 +205,14 @@ class Router:
             )
         rev: list[int] = []
         hop = 0
+        prefer = {int(self.home_nic[v]), int(self.home_nic[s])} - {-1}
         while v != s:
             cands = tch[ptr[v] : ptr[v + 1]].tolist()
-            c = cands[_mix(src, dst, hop) % len(cands)] if self.ecmp else cands[0]
+            own = [c for c in cands if int(self.chan_src[c]) in prefer] if len(cands) > 1 else []
+            if len(own) == 1:
+                c = own[0]
+            else:
+                c = cands[_mix(src, dst, hop) % len(cands)] if self.ecmp else cands[0]
             rev.append(c)
             v = int(self.chan_src[c])
             hop += 1

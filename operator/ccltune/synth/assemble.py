@@ -11,7 +11,7 @@ sender, so stages overlap across chunks wherever the data allows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -142,7 +142,7 @@ class Column:
 
 def broadcast_tree(
     fab: Fabric, sketch: Sketch, patterns: Patterns, root: int, chunk_ids: Sequence[int],
-    b: Builder, *, symmetric: bool, channel: int = 0, pair_fifo: bool = False,
+    b: Builder, *, symmetric: bool, channel: int = 0,
 ) -> dict[tuple[int, int], int]:  # fmt: skip
     """Transfers spreading `chunk_ids` (one per piece) from `root`; returns arrivals."""
     pieces = len(chunk_ids)
@@ -165,7 +165,7 @@ def broadcast_tree(
                     )
                 arrival[(rv, p)] = b.add(ru, rv, chunk_ids[p], () if dep is None else (dep,),
                                          channel=channel,
-                                         stream=-1 if pair_fifo else root)  # fmt: skip
+                                         stream=root)  # fmt: skip
             if stage.kind == "relay":
                 new_active.append(fab.shifted(a, stage.dim, stage.offset))
             else:
@@ -186,21 +186,50 @@ def _split(columns: list[Column], pieces: int) -> list[tuple[Sketch, int, int]]:
 
 
 def allgather(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int,
-              name: str, *, pair_fifo: bool = False) -> ScheduleArrays:  # fmt: skip
-    """N broadcasts. `pair_fifo`: one FIFO per GPU pair across all roots (fewer concurrent
-    flows: far cheaper to simulate at 512 ranks, at some loss of overlap)."""
+              name: str) -> ScheduleArrays:  # fmt: skip
+    """N broadcasts: rank r's is rank 0's translated by r's coordinates (patterns are relative
+    to the acting source), so root 0's transfers are built once and translated as arrays."""
+    one = allgather_root0(fab, columns, patterns, pieces, name)
+    return translate_roots(fab, one, one.chunks_per_rank)
+
+
+def allgather_root0(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int,
+                    name: str) -> ScheduleArrays:  # fmt: skip
+    """Root 0's broadcast of an AllGather; every other root's is its translate."""
     b = Builder()
     blocks = _split(columns, pieces)
     cpr = len(blocks) * pieces
-    for root in range(fab.nranks):
-        for ch, (sk, off, k) in enumerate(blocks):
-            ids = [root * cpr + off + p for p in range(k)]
-            # Rank r's sketch is rank 0's translated: patterns are relative to the acting source.
-            broadcast_tree(fab, sk, patterns, root, ids, b, symmetric=True, channel=ch % MAX_CHANNELS,
-                           pair_fifo=pair_fifo)  # fmt: skip
-    return b.arrays(
-        name, Collective.ALLGATHER, fab.nranks, cpr, channels=min(len(blocks), MAX_CHANNELS)
-    )
+    for ch, (sk, off, k) in enumerate(blocks):
+        broadcast_tree(fab, sk, patterns, 0, [off + p for p in range(k)], b, symmetric=True,
+                       channel=ch % MAX_CHANNELS)  # fmt: skip
+    return b.arrays(name, Collective.ALLGATHER, fab.nranks, cpr,
+                    channels=min(len(blocks), MAX_CHANNELS))  # fmt: skip
+
+
+def translate_roots(fab: Fabric, one: ScheduleArrays, cpr: int) -> ScheduleArrays:
+    """Root 0's transfers repeated for every root r, ranks moved by r's coordinates; root r's
+    block follows root r-1's, as a loop over roots would build it."""
+    n, t = fab.nranks, len(one)
+    sizes = np.asarray(fab.sizes, dtype=np.int64)
+    strides = np.asarray(fab.strides, dtype=np.int64)
+
+    def moved(ranks: np.ndarray) -> np.ndarray:
+        roots = np.arange(n, dtype=np.int64)[:, None, None]
+        c = (ranks[None, :, None] // strides) % sizes + (roots // strides) % sizes
+        return ((c % sizes) * strides).sum(axis=-1).reshape(-1)
+
+    ndeps = np.diff(one.dep_ptr)
+    ptr = np.zeros(n * t + 1, dtype=np.int64)
+    np.cumsum(np.tile(ndeps, n), out=ptr[1:])
+    idx = (np.tile(one.dep_idx, n)
+           + np.repeat(np.arange(n, dtype=np.int64) * t, len(one.dep_idx)))  # fmt: skip
+    chunk = np.tile(one.chunk, n) + np.repeat(np.arange(n, dtype=np.int64) * cpr, t)
+    return replace(
+        one, src=moved(one.src.astype(np.int64)).astype(np.int32),
+        dst=moved(one.dst.astype(np.int64)).astype(np.int32), chunk=chunk,
+        count=np.tile(one.count, n), reduce=np.tile(one.reduce, n),
+        channel=np.tile(one.channel, n), dep_ptr=ptr, dep_idx=idx,
+    )  # fmt: skip
 
 
 def broadcast(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int, root: int,

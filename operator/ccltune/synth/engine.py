@@ -39,7 +39,6 @@ from .sketch import SearchStats, Sketch, search
 Progress = Callable[[str, float], None]  # (message, fraction done 0..1)
 
 
-LARGE_RANKS = 256
 GRID = 4
 
 
@@ -170,18 +169,12 @@ def synthesize(
     t2 = time.perf_counter()
     variants: list[tuple[str, ScheduleArrays]] = []
     # Deeper pipelines (more chunks per sketch) trade step latency for stage overlap.
-    # Deeper pipelines (more chunks per sketch) trade step latency for stage overlap.
     deep_factor = 8 if coll == Collective.BROADCAST or fab.nranks <= 32 else 4
     shapes = [(1, 1), (fine_pieces, 1), (1, deep_factor)] if fine else [(1, 1), (1, deep_factor)]
     if deep_factor > 4:
         shapes.append((1, 4))  # mid sizes: less step latency than the deepest pipeline
     if coll == Collective.ALLTOALL:
         shapes = [(1, 1)]
-    if fab.nranks >= LARGE_RANKS:
-        # One simulation of a 512-rank schedule takes tens of seconds here: keep one shape and
-        # the best-ranked candidate (the analytic ranking is exact on switch-only fabrics).
-        shapes = shapes[:1]
-        cands = cands[:1]
     for cand in cands:
         for pieces, depth in shapes:
             if clock.out() and variants:
@@ -202,7 +195,7 @@ def synthesize(
 
     def run(arr: ScheduleArrays, size: int, proto: str) -> float:
         cost = protocol_cost(proto, link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)
-        return simulate(arr, topo, size, cost, router).time_us
+        return simulate(arr, topo, size, cost, router, engine="symmetric").time_us
 
     keep: list[str] = []
     if len(variants) > 2:
@@ -295,13 +288,16 @@ def _build(fab: asm.Fabric, coll: Collective, cand: Candidate, patterns: asm.Pat
         return asm.broadcast(fab, cols, patterns, pieces, root, name)
     if coll == Collective.ALLTOALL:
         return asm.alltoall(fab, cols, pieces, name)
-    ag = asm.allgather(fab, cols, patterns, pieces, name, pair_fifo=fab.nranks >= LARGE_RANKS)
+    # Every root's part is root 0's translated (reduces and gates stay within one root's
+    # data), so each phase is built for root 0 and translated.
+    ag = asm.allgather_root0(fab, cols, patterns, pieces, name)
+    cpr = ag.chunks_per_rank
     if coll == Collective.ALLGATHER:
-        return ag
+        return asm.translate_roots(fab, ag, cpr)
     rs = asm.reverse(ag, Collective.REDUCESCATTER, name, fab)
     if coll == Collective.REDUCESCATTER:
-        return rs
-    return asm.allreduce(rs, ag, name)
+        return asm.translate_roots(fab, rs, cpr)
+    return asm.translate_roots(fab, asm.allreduce(rs, ag, name), cpr)
 
 
 def _bound(coll: Collective, size: int, topo: ClusterTopology) -> float:

@@ -1,0 +1,75 @@
+"""The symmetric engine (one representative per orbit) equals the full simulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from synth_helpers import make_cluster
+
+from ccltune.api.cluster import ClusterTopology
+from ccltune.model.baselines import ring_allgather
+from ccltune.model.cost import protocol_cost
+from ccltune.model.routing import Router
+from ccltune.model.simulate import simulate
+from ccltune.synth.engine import synthesize
+from ccltune.topology.presets import load_preset
+
+COLLECTIVES = ["allgather", "reducescatter", "allreduce"]
+
+
+def _schedules(topo: ClusterTopology, coll: str) -> list:
+    res = synthesize(topo, coll, [1 << 16, 1 << 26], time_budget_s=60)
+    return list(res.schedules.values())
+
+
+def _agree(topo: ClusterTopology, arr, size: int, proto: str) -> None:
+    router = Router(topo)
+    cost = protocol_cost(proto)
+    full = simulate(arr, topo, size, cost, router)
+    sym = simulate(arr, topo, size, cost, router, engine="symmetric")
+    assert sym.engine == "symmetric", sym.note
+    assert sym.time_us == pytest.approx(full.time_us, rel=1e-9)
+    np.testing.assert_allclose(sym.finish_us, full.finish_us, rtol=1e-9)
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100-2", "syccl-a800-16", "h800-rail-64"])
+@pytest.mark.parametrize("coll", COLLECTIVES)
+def test_presets_agree_with_full_simulation(preset: str, coll: str) -> None:
+    topo = load_preset(preset)
+    arrs = _schedules(topo, coll)
+    assert arrs
+    for arr in arrs[:2]:
+        for proto in ("Simple", "LL128"):  # LL128 adds per-threadblock caps
+            _agree(topo, arr, 1 << 24, proto)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gpus=st.sampled_from([2, 4, 8]),
+    servers=st.integers(2, 4),
+    coll=st.sampled_from(COLLECTIVES),
+    size=st.sampled_from([1 << 12, 1 << 20, 1 << 28]),
+)
+def test_random_symmetric_clusters_agree(gpus: int, servers: int, coll: str, size: int) -> None:
+    topo = make_cluster(gpus, servers)
+    for arr in _schedules(topo, coll)[:2]:
+        _agree(topo, arr, size, "Simple")
+
+
+def test_falls_back_with_a_reason_when_not_translation_invariant() -> None:
+    topo = load_preset("dgx-h100-2")
+    ring = ring_allgather(topo)  # NCCL's ring: rotations of a ring, not of the fabric
+    router = Router(topo)
+    full = simulate(ring, topo, 1 << 20, protocol_cost("Simple"), router)
+    sym = simulate(ring, topo, 1 << 20, protocol_cost("Simple"), router, engine="symmetric")
+    assert sym.engine != "symmetric" and sym.note
+    assert sym.time_us == full.time_us
+
+
+def test_asymmetric_fabric_falls_back() -> None:
+    topo = load_preset("v100-cubemesh-4")
+    ring = ring_allgather(topo)
+    sym = simulate(ring, topo, 1 << 20, engine="symmetric")
+    assert sym.note == "the fabric is not symmetric"
