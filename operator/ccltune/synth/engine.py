@@ -169,10 +169,11 @@ def synthesize(
     t2 = time.perf_counter()
     variants: list[tuple[str, ScheduleArrays]] = []
     # Deeper pipelines (more chunks per sketch) trade step latency for stage overlap.
-    deep_factor = 8 if coll == Collective.BROADCAST or fab.nranks <= 32 else 4
-    shapes = [(1, 1), (fine_pieces, 1), (1, deep_factor)] if fine else [(1, 1), (1, deep_factor)]
-    if deep_factor > 4:
-        shapes.append((1, 4))  # mid sizes: less step latency than the deepest pipeline
+    # The symmetric engine makes a simulation cheap, so every depth up to 16 (8 above 64 ranks,
+    # where transfers per root grow with N) is tried; the simulator picks per size.
+    deep_max = 16 if fab.nranks <= 64 else 8
+    depths = [d for d in (1, 2, 4, 8, 16) if d <= deep_max]
+    shapes = [(1, d) for d in depths] + ([(fine_pieces, 1), (fine_pieces, 4)] if fine else [])
     if coll == Collective.ALLTOALL:
         shapes = [(1, 1)]
     for cand in cands:
