@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -200,9 +201,13 @@ def synthesize(
 
     keep: list[str] = []
     if len(variants) > 2:
-        small = sorted(variants, key=lambda v: run(v[1], sizes[0], _protocols(sizes[0])[0]))
-        large = sorted(variants, key=lambda v: run(v[1], sizes[-1], _protocols(sizes[-1])[-1]))
-        keep = [small[0][0]] + [v[0] for v in large[:2]]
+        # Screen at the ends and near 64 MiB (where the pipeline depth matters most), keeping
+        # the best at the smallest size and the best two at each of the others.
+        mid = min(sizes, key=lambda x: abs(math.log2(x) - 26))
+        for at, top in ((sizes[0], 1), (mid, 2), (sizes[-1], 2)):
+            proto = _protocols(at)[0 if at == sizes[0] else -1]
+            ranked = sorted(variants, key=lambda v, at=at, proto=proto: run(v[1], at, proto))
+            keep += [v[0] for v in ranked[:top]]
     else:
         keep = [v[0] for v in variants]
     finalists = [(lb, arr) for lb, arr in variants if lb in keep]
