@@ -206,8 +206,8 @@ def synthesize(
         mid = min(sizes, key=lambda x: abs(math.log2(x) - 26))
         for at, top in ((sizes[0], 1), (mid, 2), (sizes[-1], 2)):
             proto = _protocols(at)[0 if at == sizes[0] else -1]
-            ranked = sorted(variants, key=lambda v, at=at, proto=proto: run(v[1], at, proto))
-            keep += [v[0] for v in ranked[:top]]
+            times = {label: run(arr, at, proto) for label, arr in variants}
+            keep += sorted(times, key=times.__getitem__)[:top]
     else:
         keep = [v[0] for v in variants]
     finalists = [(lb, arr) for lb, arr in variants if lb in keep]
