@@ -8,11 +8,16 @@ Surfaces:
   presets, allreduce/allgather/reducescatter, 4 KiB..1 GiB; 2% measurement noise per repetition and
   interference 0.2. The exhaustive optimum and every "within 2%" verdict use the noise-free surface.
 - replayed: NCCL's sweep CSV sample in ../shared/data (its numbers are illustrative, per that
-  README) and the two nccl-tests logs (stock NCCL vs MSCCL on one 8xA100 NDv4 VM), measured data.
+  README), a sweep in the same CSV schema written from the simulated surface (dgx-h100-2), and the
+  two nccl-tests logs (stock NCCL vs MSCCL on one 8xA100 NDv4 VM), measured data.
 
-Per task key: budget = 10% of the exhaustive trial count (at least 1). Reported per searcher: share
-of tasks whose final choice is within 2% of the optimum, trials until the incumbent (the best
-measured so far) first is within 2%, trials and measurements used, and the gain over NCCL's default.
+Per task key: budget = 10% of the exhaustive trial count (at least 1). Every searcher gets NCCL's
+default as its start and NCCL's static model as its prior (tune/default.nccl_prior); grid and
+random ignore both. On a replayed table NCCL's default is the tuner's stand-in when the table lacks
+it (default.nearest_replayed), and the profiler is strict: a point off the table is an error.
+Reported per searcher: share of tasks whose final choice is within 2% of the optimum, trials until
+the incumbent (the best measured so far) first is within 2%, trials and measurements used, and the
+gain over NCCL's default.
 """
 
 from __future__ import annotations
@@ -30,12 +35,21 @@ from pathlib import Path
 from ccltune.api.common import Collective
 from ccltune.api.plan import TaskKey
 from ccltune.topology.presets import load_preset
-from ccltune.tune.default import nccl_default_config
+from ccltune.tune.default import nccl_default_config, nccl_prior, nearest_replayed
 from ccltune.tune.fabric import facts_for
 from ccltune.tune.profilers.replay import SWEEP_COLUMNS, ReplayProfiler
 from ccltune.tune.profilers.simulated import SimulatedProfiler
-from ccltune.tune.searchers import SEARCHERS, make_searcher
+from ccltune.tune.searchers import (
+    SEARCHERS,
+    AutoCCLSearcher,
+    MracoSearcher,
+    Searcher,
+    SearchResult,
+    make_searcher,
+    visit_order,
+)
 from ccltune.tune.searchers.base import point_at, start_index
+from ccltune.tune.searchers.prior import PRIOR_MARGIN, Prior
 from ccltune.tune.space import Config, TaskSpace, build_space
 from ccltune.tune.tuner import communicator_topology, tune_tasks
 
@@ -60,6 +74,17 @@ class Tally:
     measurements: int = 0
     gains: list[float] = field(default_factory=list)
 
+    def record(self, res: SearchResult, true: dict[Config, float], opt: float, t_default: float) -> None:
+        """One task: `true` holds noise-free times, verdicts never use measured ones."""
+        self.tasks += 1
+        self.hits += int(true[res.best] <= WITHIN * opt)
+        first = _first_within(res, true, opt)
+        if first is not None:
+            self.to_2pct.append(first)
+        self.trials_pct.append(100.0 * res.n_trials / len(true))
+        self.measurements += res.n_measurements
+        self.gains.append(t_default / true[res.best])
+
     def row(self, name: str) -> str:
         share = 100.0 * self.hits / max(self.tasks, 1)
         med = statistics.median(self.to_2pct) if self.to_2pct else float("nan")
@@ -69,6 +94,17 @@ class Tally:
                 f"{self.measurements} | {gain:.3f}x |")
 
 
+def _first_within(res: SearchResult, true: dict[Config, float], opt: float) -> int | None:
+    """Trials until the incumbent (best measured, unpruned) is truly within 2% of the optimum."""
+    inc: tuple[float, Config] | None = None
+    for i, t in enumerate(res.trials, start=1):
+        if not t.pruned and (inc is None or t.value < inc[0]):
+            inc = (t.value, t.config)
+        if inc is not None and true[inc[1]] <= WITHIN * opt:
+            return i
+    return None
+
+
 def _start(space: TaskSpace, config: Config) -> Config | None:
     for sub in space.subspaces:
         if sub.impl == config.impl:
@@ -76,7 +112,24 @@ def _start(space: TaskSpace, config: Config) -> Config | None:
     return None
 
 
-def simulated(quick: bool) -> tuple[dict[str, Tally], dict[str, dict[str, Tally]], float, int]:
+@dataclass
+class SimSummary:
+    total: dict[str, Tally]
+    per: dict[str, dict[str, Tally]]
+    geo_opt: float  # exhaustive optimum vs NCCL's default, geomean
+    median_space: int
+    prior_recall: int  # tasks whose near-optimal subspace the prior keeps within its margin
+    pruned: int  # tasks where the budget was tight enough for the prior to skip subspaces
+    tasks: int
+
+
+def _prior_keeps_optimum(prior: Prior, true: dict[Config, float], opt: float) -> bool:
+    """Does a subspace predicted within PRIOR_MARGIN of the best hold a configuration within 2%?"""
+    best = min(prior.predicted_us.values())
+    return any(prior.predicted(c.impl) <= best * PRIOR_MARGIN for c, t in true.items() if t <= WITHIN * opt)
+
+
+def simulated(quick: bool) -> SimSummary:
     sizes = [4096 << (2 * i) for i in range(10)]  # 4K .. 1G, x4
     shapes = SHAPES[:4] if quick else SHAPES
     if quick:
@@ -85,6 +138,7 @@ def simulated(quick: bool) -> tuple[dict[str, Tally], dict[str, dict[str, Tally]
     per: dict[str, dict[str, Tally]] = {}
     opt_gains: list[float] = []
     space_sizes: list[int] = []
+    recall = pruned = 0
     for name, ranks, nodes in shapes:
         topo = load_preset(name)
         facts = facts_for(topo, ranks, nodes)
@@ -102,6 +156,10 @@ def simulated(quick: bool) -> tuple[dict[str, Tally], dict[str, dict[str, Tally]
                 opt_gains.append(t_default / opt)
                 space_sizes.append(len(space))
                 budget = max(1, len(space) // 10)
+                start = _start(space, default)
+                prior = nccl_prior(coll, size, facts, space)
+                recall += _prior_keeps_optimum(prior, true, opt)
+                pruned += len(visit_order(space, budget, start, prior)) < len(space.subspaces)
                 for s in SEARCHERS:
                     prof = SimulatedProfiler(topo, interference=INTERFERENCE, noise=NOISE, seed=11)
 
@@ -109,29 +167,45 @@ def simulated(quick: bool) -> tuple[dict[str, Tally], dict[str, dict[str, Tally]
                                  key: TaskKey = key, size: int = size) -> float:
                         return prof.measure(key, size, config, reps).time_us
 
-                    res = make_searcher(s).search(space, evaluate, budget, seed=11, start=_start(space, default))
-                    first = None
-                    inc: tuple[float, Config] | None = None
-                    for i, t in enumerate(res.trials, start=1):
-                        if not t.pruned and (inc is None or t.value < inc[0]):
-                            inc = (t.value, t.config)
-                        if first is None and inc is not None and true[inc[1]] <= WITHIN * opt:
-                            first = i
+                    res = make_searcher(s).search(space, evaluate, budget, seed=11, start=start, prior=prior)
                     for tally in (total[s], per[name][s]):
-                        tally.tasks += 1
-                        tally.hits += int(true[res.best] <= WITHIN * opt)
-                        if first is not None:
-                            tally.to_2pct.append(first)
-                        tally.trials_pct.append(100.0 * res.n_trials / len(space))
-                        tally.measurements += res.n_measurements
-                        tally.gains.append(t_default / true[res.best])
+                        tally.record(res, true, opt, t_default)
     geo_opt = math.exp(statistics.mean(math.log(g) for g in opt_gains))
-    return total, per, geo_opt, int(statistics.median(space_sizes))
+    return SimSummary(total, per, geo_opt, int(statistics.median(space_sizes)), recall, pruned, len(opt_gains))
 
 
-def _replay_table(prof: ReplayProfiler, topo_of: dict[int, str]) -> list[str]:
+@dataclass(frozen=True)
+class TableTask:
+    entries: int
+    budget: int
+    near: int  # entries within 2% of the optimum
+    default_near: bool  # NCCL's default is one of them
+
+
+@dataclass
+class TableFacts:
+    """What bounds a replayed result: the budget, NCCL's default, how much of the table is near optimal."""
+
+    tasks: list[TableTask] = field(default_factory=list)
+    misses: list[str] = field(default_factory=list)  # AutoCCL's misses, as table rows
+
+    def line(self) -> str:
+        entries = [t.entries for t in self.tasks]
+        lo, hi = min(t.budget for t in self.tasks), max(t.budget for t in self.tasks)
+        near = [t.near for t in self.tasks]
+        hits = sum(t.default_near for t in self.tasks)
+        return (f"{len(self.tasks)} tasks of {min(entries)}-{max(entries)} replayed entries, so a budget of "
+                f"{lo if lo == hi else f'{lo}-{hi}'} trial(s); entries within 2% of a task's optimum: median "
+                f"{statistics.median(near):.0f}, min {min(near)}; NCCL's default (as the tuner measures "
+                f"it) is already within 2% in {hits}/{len(self.tasks)}.")
+
+
+def _replay_run(
+    prof: ReplayProfiler, topo_of: dict[int, str], searchers: dict[str, Searcher]
+) -> tuple[dict[str, Tally], TableFacts]:
     """Searchers on a replayed table: optimum = the table's best entry at each size."""
-    tally: dict[str, Tally] = {s: Tally() for s in SEARCHERS}
+    tally: dict[str, Tally] = {s: Tally() for s in searchers}
+    facts_out = TableFacts()
     for (coll, nodes, ranks), configs in sorted(prof.table.items()):
         topo = load_preset(topo_of[nodes])
         facts = facts_for(topo, ranks, nodes)
@@ -144,28 +218,51 @@ def _replay_table(prof: ReplayProfiler, topo_of: dict[int, str]) -> list[str]:
             true = {c: prof.measure(key, size, c).time_us for c in space}
             opt = min(true.values())
             dflt = nccl_default_config(coll, size, facts, full).config
-            same = [c for c in space if c.impl == dflt.impl] or list(space)
-            d = min(same, key=lambda c: (abs(c.channels - dflt.channels), c))  # nearest replayed
+            d = nearest_replayed(coll, size, dflt, space, facts)  # the tuner's stand-in for NCCL's default
+            assert d is not None
             budget = max(1, len(space) // 10)
+            prior = nccl_prior(coll, size, facts, space)
+            near = sum(1 for v in true.values() if v <= WITHIN * opt)
+            facts_out.tasks.append(TableTask(len(space), budget, near, true[d] <= WITHIN * opt))
 
             def evaluate(c: Config, r: int, key: TaskKey = key, size: int = size) -> float:
-                return prof.measure(key, size, c, r).time_us
+                return prof.measure(key, size, c, r).time_us  # ProfilerError off the table (fallback "error")
 
-            for s in SEARCHERS:
-                res = make_searcher(s).search(space, evaluate, budget, seed=11, start=_start(space, d))
-                t = tally[s]
-                t.tasks += 1
-                t.hits += int(true[res.best] <= WITHIN * opt)
-                first = next((i for i, tr in enumerate(res.trials, 1)
-                              if min(true[x.config] for x in res.trials[:i]) <= WITHIN * opt), None)
-                if first is not None:
-                    t.to_2pct.append(first)
-                t.trials_pct.append(100.0 * res.n_trials / len(space))
-                t.measurements += res.n_measurements
-                t.gains.append(true[d] / true[res.best])
-    lines = ["| searcher | within 2% | median trials to 2% | trials used (% of exhaustive) | measurements | gain vs default |",
-             "|---|---|---|---|---|---|"]
-    return lines + [tally[s].row(s) for s in SEARCHERS]
+            for s, searcher in searchers.items():
+                res = searcher.search(space, evaluate, budget, seed=11, start=d, prior=prior)
+                tally[s].record(res, true, opt, true[d])
+                if s == "autoccl" and true[res.best] > WITHIN * opt:
+                    near_labels = ", ".join(c.label() for c in sorted(true, key=lambda c: true[c])
+                                            if true[c] <= WITHIN * opt)
+                    facts_out.misses.append(f"| {coll} {size} B | {budget} | {d.label()}: {true[d] / opt:.3f}x | "
+                                            f"{res.best.label()}: {true[res.best] / opt:.3f}x | {near_labels} |")
+    return tally, facts_out
+
+
+TABLE_HEAD = ["| searcher | within 2% | median trials to 2% | trials used (% of exhaustive) | measurements | gain vs default |",
+              "|---|---|---|---|---|---|"]
+
+
+def _replay_table(prof: ReplayProfiler, topo_of: dict[int, str], misses: bool = False) -> list[str]:
+    tally, table = _replay_run(prof, topo_of, {s: make_searcher(s) for s in SEARCHERS})
+    lines = [table.line(), "", *TABLE_HEAD, *(tally[s].row(s) for s in SEARCHERS)]
+    if misses and table.misses:
+        lines += ["", "AutoCCL's misses (times relative to the task's optimum):", "",
+                  "| task | budget | NCCL's default | AutoCCL's pick | entries within 2% |", "|---|---|---|---|---|",
+                  *table.misses]
+    return lines
+
+
+def _margin_table(prof: ReplayProfiler, topo_of: dict[int, str]) -> list[str]:
+    """How much the prior's plausibility margin matters when the budget is under 2 trials a subspace."""
+    lines = ["| prior margin | autoccl within 2% | mraco within 2% |", "|---|---|---|"]
+    for margin in (1.1, PRIOR_MARGIN, 1.5, 2.0, math.inf):
+        tally, _ = _replay_run(prof, topo_of, {"autoccl": AutoCCLSearcher(prior_margin=margin),
+                                               "mraco": MracoSearcher(prior_margin=margin)})
+        label = "none (every subspace)" if math.isinf(margin) else f"{margin:g}x" + (" (default)" if margin == PRIOR_MARGIN else "")
+        lines.append(f"| {label} | {tally['autoccl'].hits}/{tally['autoccl'].tasks} | "
+                     f"{tally['mraco'].hits}/{tally['mraco'].tasks} |")
+    return lines
 
 
 def _sweep_csv(preset: str, ranks: int, nodes: int) -> str:
@@ -190,16 +287,32 @@ def _sweep_csv(preset: str, ranks: int, nodes: int) -> str:
 
 def replayed() -> list[str]:
     lines = ["NCCL's sweep CSV sample (its numbers are illustrative, see ../shared/data/README.md; "
-             "validity judged on DGX H100; 2-4 entries per size, so the budget is 1 trial):", ""]
+             "validity judged on DGX H100; source: replayed):", ""]
     lines += _replay_table(ReplayProfiler.from_file(DATA / "nccl-sweep-schema-sample.csv"),
                            {1: "dgx-h100-1", 2: "dgx-h100-2"})
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     sweep = tmp / "ccltune-bench-sweep.csv"
     sweep.write_text(_sweep_csv("dgx-h100-2", 16, 2))
+    topo_of = {2: "dgx-h100-2"}
     lines += ["", "A sweep written in the same CSV schema from the simulated surface (dgx-h100-2, 16 ranks/"
               "2 nodes, algorithm x protocol x 8 channel counts, default threads/buffer; so its source is "
               "simulated, replayed through the CSV path):", ""]
-    lines += _replay_table(ReplayProfiler.from_file(sweep), {2: "dgx-h100-2"})
+    lines += _replay_table(ReplayProfiler.from_file(sweep), topo_of, misses=True)
+    lines += ["", "What limits the replayed results: the tables are tiny, so 10% of them is a handful of trials "
+              "(budgets above each table), fewer than two per implementation subspace. With "
+              "one trial a searcher that starts from NCCL's default can only keep it (gain 1.000x); grid and "
+              "random keep whatever single entry they land on, better or worse. What the searchers do about "
+              "it: AutoCCL and MRACO measure NCCL's default first (a known-good incumbent), order the "
+              "subspaces by NCCL's static model (tune/default.nccl_prior: tuning.cc-shaped estimates, not the "
+              "simulated surface) and, when the budget is under two trials per subspace, look only at the "
+              "subspaces that model predicts within a margin of its best, leaving trials to descend the "
+              "channel count; AutoCCL's steps never jump over a measured point (they bisect towards it). "
+              "The misses listed above need a channel count several grid steps from NCCL's default (which "
+              "NCCL's static model cannot rank: it predicts time falling with every added channel) or a "
+              "subspace that model puts outside the margin. AutoCCL and MRACO on the simulated sweep, by the "
+              "prior's margin (the margin was set from the simulated surfaces, by the recall stated in their "
+              "section; this table is a sensitivity check, not how it was chosen):", ""]
+    lines += _margin_table(ReplayProfiler.from_file(sweep), topo_of)
     # Joint choice NCCL vs MSCCL on the measured nccl-tests logs.
     both = (DATA / "ndv4-1x8-allreduce-nccl.txt").read_text().rstrip("\n") + "\n"
     both += (DATA / "ndv4-1x8-allreduce-msccl.txt").read_text()
@@ -238,7 +351,7 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="write benchmarks/results/tuning.md")
     args = ap.parse_args()
     t0 = time.time()
-    total, per, geo_opt, median_space = simulated(args.quick)
+    sim = simulated(args.quick)
     sim_s = time.time() - t0
     out = ["# Tuning benchmark", "",
            f"Command: `.venv/bin/python benchmarks/tuning.py{' --quick' if args.quick else ''}` "
@@ -248,14 +361,18 @@ def main() -> None:
            f"Presets {', '.join(f'{n} ({r} ranks/{k} nodes)' for n, r, k in (SHAPES[:4] if args.quick else SHAPES))}; "
            f"allreduce, allgather, reducescatter; sizes 4 KiB..1 GiB (x4); noise {NOISE:.0%} per repetition, "
            f"interference {INTERFERENCE}. Budget per task = 10% of the exhaustive count "
-           f"(median space {median_space} configurations). Optimum and verdicts on the noise-free surface; "
-           f"the exhaustive optimum itself is {geo_opt:.3f}x faster than NCCL's default (geomean).", "",
+           f"(median space {sim.median_space} configurations). Optimum and verdicts on the noise-free surface; "
+           f"the exhaustive optimum itself is {sim.geo_opt:.3f}x faster than NCCL's default (geomean). "
+           f"AutoCCL and MRACO start from NCCL's default with NCCL's static model as the prior; it keeps a "
+           f"subspace holding a configuration within 2% of the optimum within its {PRIOR_MARGIN}x margin in "
+           f"{sim.prior_recall}/{sim.tasks} tasks. The margin only prunes when the budget is under two trials "
+           f"per subspace: here in {sim.pruned}/{sim.tasks} tasks.", "",
            "| searcher | within 2% | median trials to 2% | trials used (% of exhaustive) | measurements | gain vs default |",
            "|---|---|---|---|---|---|"]
-    out += [total[s].row(s) for s in SEARCHERS]
+    out += [sim.total[s].row(s) for s in SEARCHERS]
     out += ["", "Per preset (within 2% of optimum):", "", "| preset | " + " | ".join(SEARCHERS) + " |",
             "|---|" + "---|" * len(SEARCHERS)]
-    for name, tallies in per.items():
+    for name, tallies in sim.per.items():
         out.append(f"| {name} | " + " | ".join(f"{t.hits}/{t.tasks}" for t in tallies.values()) + " |")
     out += ["", "## Replayed tables", ""]
     out += replayed()

@@ -9,10 +9,12 @@ from tune_helpers import DATA, preset
 
 from ccltune.api.common import Collective, Source
 from ccltune.api.plan import TaskKey
+from ccltune.tune.default import nccl_default_config, nccl_prior, nearest_replayed
 from ccltune.tune.fabric import facts_for
 from ccltune.tune.profilers.base import ProfilerError
 from ccltune.tune.profilers.nccltests import parse_log
 from ccltune.tune.profilers.replay import ReplayProfiler
+from ccltune.tune.searchers import SEARCHERS, make_searcher
 from ccltune.tune.space import Config, Impl, build_space
 from ccltune.tune.tuner import tune_tasks
 
@@ -88,6 +90,30 @@ def test_missing_point_is_an_error_unless_a_fallback_is_chosen() -> None:
     assert near.time_us == 10.8 and "nearest" in near.note
     interp = ReplayProfiler.from_file(SWEEP, fallback="interpolate").measure(key(), 4096, ring)
     assert 10.8 < interp.time_us < 18.4 and "interpolated" in interp.note
+
+
+def test_searchers_only_ask_a_strict_replay_for_what_it_has(tmp_path: Path) -> None:
+    """A table measured unevenly: at 64 KiB only some channel counts of some implementations."""
+    header = SWEEP.read_text().splitlines()[0]
+    rows = [f"allreduce,{size},{algo},{proto},{ch},1,8,-1,-1,0,0,{10 + ch / 4 + (size >> 14)}"
+            for size in (16384, 65536) for algo in ("ring", "tree") for proto in ("ll", "simple")
+            for ch in (1, 2, 4, 8, 16, 32) if size == 16384 or (algo == "ring" and ch in (2, 8, 32))]
+    table = tmp_path / "uneven.csv"
+    table.write_text("\n".join([header, *rows]) + "\n")
+    prof = ReplayProfiler.from_file(table)  # fallback "error": an off-table point raises
+    facts = facts_for(preset("dgx-a100-1"), 8, 1)
+    full = build_space(Collective.ALLREDUCE, facts)
+    k = key(lo=65536, hi=65536)
+    space = prof.space(k, facts, full)
+    assert len(space) == 6
+    start = nearest_replayed(Collective.ALLREDUCE, 65536, nccl_default_config(Collective.ALLREDUCE, 65536, facts, full).config,
+                             space, facts)
+    prior = nccl_prior(Collective.ALLREDUCE, 65536, facts, space)
+    for name in SEARCHERS:
+        for budget in (1, 3, 20):
+            result = make_searcher(name).search(space, lambda c, r: prof.measure(k, 65536, c, r).time_us, budget,
+                                                seed=0, start=start, prior=prior)
+            assert {t.config for t in result.trials} <= set(space), name
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,14 @@ def test_tune_tasks_is_reproducible_and_reports_sources() -> None:
         assert t.chosen_measure.time_us <= t.default_measure.time_us * 1.03
 
 
+def test_every_search_starts_from_nccl_default() -> None:
+    result = tune_tasks(small_keys(), preset("dgx-h100-1"), budget=5, seed=0, noise=0.0)
+    for t in result.tasks:
+        assert t.searched is not None and t.default is not None
+        assert t.searched.trials[0].config == t.default  # the known-good incumbent comes first
+        assert t.searched.value <= t.default_measure.time_us * (1 + 1e-9)  # so it never ends worse
+
+
 def test_tuning_beats_nccl_default_somewhere() -> None:
     result = tune_tasks(small_keys(), preset("dgx-h100-1"), budget=60, seed=0, noise=0.0)
     assert max(t.speedup for t in result.tasks) > 1.05

@@ -9,6 +9,8 @@ Resources: NCCL's defaults - NCCL_NTHREADS 512 (LL128: 640), NCCL_BUFFSIZE 4 MiB
 and the channel count its topology search typically finds, reduced for small messages the way
 NCCL does (while bytes < channels x threads x per-thread threshold: fewer channels, then fewer
 threads; NCCL_*_THREAD_THRESHOLD in comm.h).
+The same static model, applied to every implementation subspace, is the searchers' prior
+(`nccl_prior`): NCCL's own ranking of the implementations.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..model.cost import (
     tree_correction,
 )
 from .fabric import FabricFacts
+from .searchers.prior import Prior
 from .space import (
     DEFAULT_BUFFSIZE,
     DEFAULT_THREADS,
@@ -164,4 +167,34 @@ def nccl_default_config(
     return DefaultChoice(Config(impl, channels, threads, DEFAULT_BUFFSIZE), "NCCL static model (tuning.cc tables)")
 
 
-__all__ = ["DefaultChoice", "default_channels", "nccl_default_config", "shrink_resources", "static_time_us"]
+def nearest_replayed(
+    collective: Collective, size: int, config: Config, space: TaskSpace, facts: FabricFacts
+) -> Config | None:
+    """Stand-in for a configuration a replayed table lacks: the same implementation nearest in
+    channels; without one, the table's configuration NCCL's static model ranks first."""
+    same = [c for c in space if c.impl == config.impl]
+    if same:
+        return min(same, key=lambda c: (abs(c.channels - config.channels), c))
+    if len(space) == 0:
+        return None
+    return min(space, key=lambda c: (static_time_us(collective, size, c.impl, facts, c.channels), c))
+
+
+def nccl_prior(collective: Collective, size: int, facts: FabricFacts, space: TaskSpace) -> Prior:
+    """NCCL's static estimate of every subspace, at the channels its topology search builds.
+
+    Deliberately not the simulated surface: the benchmarks measure the searchers against it."""
+    nc0 = default_channels(facts)
+    predicted = {s.impl: static_time_us(collective, size, s.impl, facts, nc0) for s in space.subspaces}
+    return Prior(predicted, "NCCL static model (tuning.cc tables)")
+
+
+__all__ = [
+    "DefaultChoice",
+    "default_channels",
+    "nccl_default_config",
+    "nccl_prior",
+    "nearest_replayed",
+    "shrink_resources",
+    "static_time_us",
+]

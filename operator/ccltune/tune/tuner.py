@@ -3,7 +3,8 @@
 Per task key (one size bucket of one collective on one communicator shape):
 1. the valid space for the fabric (space.py), restricted to what the profiler can measure;
 2. NCCL's default choice, measured by the same profiler (the baseline);
-3. the searcher's best configuration within `budget` trials;
+3. the searcher's best configuration within `budget` trials, started at NCCL's default with NCCL's
+   static model as the prior (default.nccl_prior);
 4. synthesized schedules (MSCCL), when given, compete with the tuned NCCL configuration.
 Then the knobs NCCL only takes per process (threads, buffer size, transport) are reconciled: every
 combination the tasks' winners asked for (plus NCCL's defaults) is measured on every task with that
@@ -25,7 +26,13 @@ from ..api.common import Collective, Source, format_size
 from ..api.plan import Choice, Estimate, PlanTask, TaskKey
 from ..model.busbw import algbw_gbps, busbw_gbps
 from ..topology.subgroup import subcluster
-from .default import default_channels, nccl_default_config, shrink_resources, static_time_us
+from .default import (
+    default_channels,
+    nccl_default_config,
+    nccl_prior,
+    nearest_replayed,
+    shrink_resources,
+)
 from .emit import algo_proto_env, render_nccl_conf, render_tuner_csv, tuner_rows
 from .fabric import FabricFacts, facts_for
 from .keys import bucket_keys, check_keys
@@ -237,15 +244,9 @@ def _measure_default(
     except ProfilerError:
         if getattr(profiler, "fallback", "error") == "error":
             raise
-    # Documented fallback: the replayed configuration of the same implementation nearest in
-    # channels; without one, the replayed configuration NCCL's static model ranks first.
-    same = [c for c in space if c.impl == config.impl]
-    coll = Collective(key.collective)
-    if same:
-        near = min(same, key=lambda c: (abs(c.channels - config.channels), c))
-    elif len(space) > 0:
-        near = min(space, key=lambda c: (static_time_us(coll, size, c.impl, facts, c.channels), c))
-    else:
+    # Documented fallback (default.nearest_replayed).
+    near = nearest_replayed(Collective(key.collective), size, config, space, facts)
+    if near is None:
         raise ProfilerError(f"{key.label()}: NCCL's default {config.label()} is not in the replay table")
     return profiler.measure(key, size, near, reps), near, f"NCCL default {config.label()} approximated by replayed {near.label()}"
 
@@ -345,12 +346,14 @@ def _tune_one(
         notes.append(d_note)
     result: SearchResult | None = None
     if len(space) > 0:
-        start = _project(space, dflt.config)
+        # Start from what was measured as NCCL's default (a replayed stand-in when the table lacks it).
+        start = _project(space, d_config or dflt.config)
+        prior = nccl_prior(coll, size, facts, space)
 
         def evaluate(config: Config, reps: int) -> float:
             return prof.measure(key, size, config, reps).time_us
 
-        result = search.search(space, evaluate, budget, stable_seed(seed, key.label()) % (2**31), start)
+        result = search.search(space, evaluate, budget, stable_seed(seed, key.label()) % (2**31), start, prior)
     else:
         notes.append("no NCCL configuration to search in the replayed data")
     source = dflt.source if d_config is not None else "logged NCCL run"

@@ -4,6 +4,7 @@ from .autoccl import AutoCCLSearcher
 from .base import Evaluate, Searcher, SearchResult, Trial
 from .baseline import GridSearcher, RandomSearcher
 from .mraco import MracoSearcher
+from .prior import Prior, visit_order
 
 SEARCHERS = ("autoccl", "mraco", "grid", "random")
 
@@ -26,9 +27,11 @@ __all__ = [
     "Evaluate",
     "GridSearcher",
     "MracoSearcher",
+    "Prior",
     "RandomSearcher",
     "SearchResult",
     "Searcher",
     "Trial",
     "make_searcher",
+    "visit_order",
 ]

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..space import DEFAULT_BUFFSIZE, Config, Subspace, TaskSpace
+
+if TYPE_CHECKING:
+    from .prior import Prior
 
 # (config, repetitions) -> mean time in microseconds; lower is better.
 Evaluate = Callable[[Config, int], float]
@@ -42,7 +45,8 @@ class Searcher(Protocol):
     name: str
 
     def search(
-        self, space: TaskSpace, evaluate: Evaluate, budget: int, seed: int, start: Config | None = None
+        self, space: TaskSpace, evaluate: Evaluate, budget: int, seed: int, start: Config | None = None,
+        prior: Prior | None = None,
     ) -> SearchResult: ...
 
 

@@ -1,4 +1,6 @@
-"""Baselines: grid (exhaustive when the budget allows, evenly thinned otherwise) and random."""
+"""Baselines: grid (exhaustive when the budget allows, evenly thinned otherwise) and random.
+
+Both are uninformed on purpose: they ignore the start configuration and the prior."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import numpy as np
 
 from ..space import Config, TaskSpace
 from .base import Evaluate, Log, SearchResult, check_budget
+from .prior import Prior
 
 
 @dataclass
@@ -18,7 +21,8 @@ class GridSearcher:
     name: str = "grid"
 
     def search(
-        self, space: TaskSpace, evaluate: Evaluate, budget: int, seed: int, start: Config | None = None
+        self, space: TaskSpace, evaluate: Evaluate, budget: int, seed: int, start: Config | None = None,
+        prior: Prior | None = None,
     ) -> SearchResult:
         check_budget(budget)
         configs = list(space)
@@ -42,7 +46,8 @@ class RandomSearcher:
     name: str = "random"
 
     def search(
-        self, space: TaskSpace, evaluate: Evaluate, budget: int, seed: int, start: Config | None = None
+        self, space: TaskSpace, evaluate: Evaluate, budget: int, seed: int, start: Config | None = None,
+        prior: Prior | None = None,
     ) -> SearchResult:
         check_budget(budget)
         configs = list(space)

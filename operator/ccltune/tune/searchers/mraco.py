@@ -2,8 +2,11 @@
 resource, and convergence by gain and by the stability of what the sampler proposes.
 
 - Exploration: optuna's TPE sampler (seeded, multivariate, grouped for the conditional resource
-  parameters of each implementation subspace). NCCL's default is enqueued as the first trial and
-  its resources in every other subspace after it (warm start: TPE then models every subspace).
+  parameters of each implementation subspace). Warm start: NCCL's default is enqueued as the
+  first trial, then its resources in every other subspace in the prior's order, so TPE's startup
+  trials are the prior's best guesses and its model sees every implementation. When the budget
+  is under two trials per subspace, the search is restricted to the subspaces the prior finds
+  plausible (prior.visit_order).
 - Multi-resource: a trial is measured one repetition at a time, reporting the running mean;
   Hyperband (min 1, max `max_reps` repetitions, reduction factor 3) stops unpromising trials after
   few repetitions, so most of the measurement time goes to good configurations.
@@ -22,6 +25,7 @@ import optuna
 
 from ..space import Config, Subspace, TaskSpace
 from .base import Evaluate, SearchResult, Trial, check_budget, nearest_member, point_at, start_index
+from .prior import PRIOR_MARGIN, Prior, visit_order
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -38,19 +42,22 @@ class MracoSearcher:
     startup_trials: int = 10
     warm_start: bool = True
     ei_candidates: int = 64  # TPE candidates per suggestion (optuna default 24; see docs)
+    prior_margin: float = PRIOR_MARGIN  # see prior.visit_order
     name: str = "mraco"
 
     def search(
-        self, space: TaskSpace, evaluate: Evaluate, budget: int, seed: int, start: Config | None = None
+        self, space: TaskSpace, evaluate: Evaluate, budget: int, seed: int, start: Config | None = None,
+        prior: Prior | None = None,
     ) -> SearchResult:
         check_budget(budget)
-        subs = {s.impl.label(): s for s in space.subspaces}
+        visits = visit_order(space, budget, start, prior, self.prior_margin)
+        subs = {s.impl.label(): s for s in visits}
         labels = sorted(subs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler = optuna.samplers.TPESampler(
                 seed=seed, multivariate=True, group=True, n_ei_candidates=self.ei_candidates,
-                n_startup_trials=min(self.startup_trials + (len(space.subspaces) if self.warm_start else 0),
+                n_startup_trials=min(self.startup_trials + (len(visits) if self.warm_start else 0),
                                      max(3, budget // 4)),
             )
         pruner = optuna.pruners.HyperbandPruner(
@@ -60,10 +67,9 @@ class MracoSearcher:
         study = optuna.create_study(
             study_name=f"mraco-{seed}", direction="minimize", sampler=sampler, pruner=pruner
         )
-        # Warm start: NCCL's default first, then that default's resources in every other subspace
-        # (one trial each, as AutoCCL's phase 1), so TPE's model sees every implementation.
-        firsts = sorted(space.subspaces, key=lambda s: (start is None or s.impl != start.impl, s.impl))
-        for sub in firsts if self.warm_start else firsts[:1]:
+        # Warm start: NCCL's default first, then one trial in every other visited subspace (as
+        # AutoCCL's phase 1), so TPE's model sees every implementation.
+        for sub in visits if self.warm_start else visits[:1]:
             if start is not None or self.warm_start:
                 study.enqueue_trial(self._params(sub, sub.config(point_at(sub, start_index(sub, start)))))
         trials: list[Trial] = []
