@@ -18,6 +18,10 @@ Bytes that must cross (M = nccl-tests size, N ranks, s = |S|, 0 < s < N):
   broadcast     M into S if the root is outside, M out of S if inside.
 Aggregate (total bytes received by all ranks): allreduce 2(N-1) M, since every element needs at
 least 2(N-1) one-way transfers (the one-way gossip minimum 2n-2); the others (N-1) M.
+Partition (allreduce): split the ranks into k blocks (nodes, a dimension's groups); moves inside a
+block are free, so each element is still a one-way gossip among k blocks: >= 2(k-1) M bytes
+enter some block, T >= alpha_min + 2(k-1) M / (sum of the blocks' in-capacity). For k = 2 it is
+the cut bound; for more blocks it is tighter than "M into every block".
 Channel caps (LL128) only slow the simulator further, so the bounds ignore them.
 """
 
@@ -220,6 +224,20 @@ def _cut_sets(topo: ClusterTopology, root: int) -> list[tuple[str, set[int]]]:
     return out
 
 
+def _partitions(topo: ClusterTopology) -> list[tuple[str, int]]:
+    """(name, block size) of the partitions into > 2 equal blocks of consecutive ranks."""
+    n = topo.world_size
+    out: dict[int, str] = {}
+    if topo.dimensions:
+        block = 1
+        for d in range(1, len(topo.dimensions)):
+            block *= topo.dimensions[d - 1].size
+            out.setdefault(block, topo.dimensions[d].name)
+    if topo.node_count > 1:
+        out.setdefault(topo.gpus_per_node, "node")
+    return [(name, b) for b, name in sorted(out.items()) if n % b == 0 and n // b > 2]
+
+
 def lower_bound(
     collective: Collective | str,
     size_bytes: int | float,
@@ -288,6 +306,12 @@ def lower_bound(
             assert isinstance(d, float)
             t = max(t, step + d + bw_time(b_out, cap))
         note(name, t)
+    if coll == Collective.ALLREDUCE:
+        for name, block in _partitions(topo):
+            k = n // block
+            cap = sum(g.cut_capacity(g.block_devices(set(range(b, b + block))))
+                      for b in range(0, n, block))  # fmt: skip
+            note(f"partition:{name}", min(alpha_in) + bw_time(2.0 * (k - 1) * size, cap))
     # Hop latency: the farthest pair whose data must meet.
     sources = [root] if coll == Collective.BROADCAST else _latency_sources(topo)
     far = 0.0

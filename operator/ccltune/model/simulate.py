@@ -4,6 +4,10 @@ Model (units: us, bytes, GB/s = 1e3 bytes/us):
 - A transfer becomes ready when every transfer in its `deps` has finished (ir.py semantics).
 - It then waits `protocol.step_latency_us` + the latency of its path (alpha), and then its
   `count * chunk_bytes` bytes flow along the path.
+- A dep into the same destination rank only orders the receiver's work (its FIFO, or the order
+  of reduces into one buffer); the bytes were already on their way (NCCL's FIFO slots), so the
+  alpha overlaps: start >= finish(dep) for such deps, >= finish(dep) + alpha for the others,
+  and always >= alpha (no flow before its own latency).
 - Contention: each directed channel carries `capacity * protocol.efficiency` payload GB/s, split in
   equal shares among the flows active on it; a flow moves at the smallest share along its path
   (per-link equal share). When `protocol.channel_cap_gbps` is set, the flows of one threadblock
@@ -83,6 +87,7 @@ class _Prepared:
     pad: int
     succ_ptr: np.ndarray
     succ_idx: np.ndarray
+    succ_gap: np.ndarray  # per successor edge: alpha of the successor, 0 into the same rank
     indeg: np.ndarray
     pair: np.ndarray  # per transfer index into the unique (src, dst) pairs
     pair_off: np.ndarray
@@ -100,8 +105,8 @@ def _prepare(
         empty = np.zeros(0, dtype=np.int64)
         return _Prepared(
             0, np.zeros(0), np.zeros(0), np.zeros((1, 0), dtype=np.int32), np.array([np.inf]),
-            0, np.zeros(1, dtype=np.int64), empty, empty, empty, np.zeros(1, dtype=np.int64), empty,
-            np.zeros(0),
+            0, np.zeros(1, dtype=np.int64), empty, np.zeros(0), empty, empty,
+            np.zeros(1, dtype=np.int64), empty, np.zeros(0),
         )  # fmt: skip
     for arr, what in ((s.src, "src"), (s.dst, "dst")):
         bad = np.flatnonzero((arr < 0) | (arr >= s.nranks))
@@ -164,12 +169,15 @@ def _prepare(
     indeg = np.diff(s.dep_ptr).astype(np.int64)
     nbytes = s.count.astype(np.float64) * s.chunk_bytes(size_bytes)
     alpha = protocol.step_latency_us + pair_lat[pair]
+    same_dst = s.dst[succ_idx] == s.dst[s.dep_idx[order]]
+    succ_gap = np.where(same_dst, 0.0, alpha[succ_idx])
     solo = cap[pair_res].min(axis=1)[pair] if n else np.zeros(0)
     if protocol.channel_cap_gbps is not None:
         solo = np.minimum(solo, protocol.channel_cap_gbps * 1e3)
     return _Prepared(
-        n, nbytes, alpha, res, cap, pad, succ_ptr, succ_idx, indeg, pair, pair_off, pair_chans, solo
-    )
+        n, nbytes, alpha, res, cap, pad, succ_ptr, succ_idx, succ_gap, indeg, pair, pair_off,
+        pair_chans, solo,
+    )  # fmt: skip
 
 
 def _prepare_quotient(s: ScheduleArrays, q: Quotient, size_bytes: float,
@@ -186,8 +194,10 @@ def _prepare_quotient(s: ScheduleArrays, q: Quotient, size_bytes: float,
     alpha = protocol.step_latency_us + q.alpha_path
     solo = q.cap[q.res].min(axis=0)
     empty = np.zeros(0, dtype=np.int64)
+    succ_idx = succ_owner[order]
+    succ_gap = np.where(q.dep_same_dst[order], 0.0, alpha[succ_idx])
     return _Prepared(
-        m, nbytes, alpha, q.res, q.cap, q.pad, succ_ptr, succ_owner[order],
+        m, nbytes, alpha, q.res, q.cap, q.pad, succ_ptr, succ_idx, succ_gap,
         np.diff(q.dep_ptr).astype(np.int64), empty, np.zeros(1, dtype=np.int64), empty, solo,
     )  # fmt: skip
 
@@ -198,8 +208,9 @@ def _heap_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
     res = [[r for r in row if r != p.pad] for row in p.res.T.tolist()]
     cap = p.cap.tolist()
     alpha, nbytes = p.alpha.tolist(), p.nbytes.tolist()
-    succ_ptr, succ_idx = p.succ_ptr.tolist(), p.succ_idx.tolist()
+    succ_ptr, succ_idx, succ_gap = p.succ_ptr.tolist(), p.succ_idx.tolist(), p.succ_gap.tolist()
     indeg = p.indeg.tolist()
+    ready = alpha[:]
     members: list[set[int]] = [set() for _ in range(len(cap))]
     nflows = [0] * len(cap)
     remaining = nbytes[:]
@@ -251,9 +262,10 @@ def _heap_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
             rerate(touched, now)
         for k in range(succ_ptr[t], succ_ptr[t + 1]):
             u = succ_idx[k]
+            ready[u] = max(ready[u], now + succ_gap[k])
             indeg[u] -= 1
             if indeg[u] == 0:
-                heapq.heappush(heap, (now + alpha[u], 1, u, 0))
+                heapq.heappush(heap, (ready[u], 1, u, 0))
     return np.asarray(start, dtype=np.float64), np.asarray(finish, dtype=np.float64), events
 
 
@@ -329,9 +341,9 @@ def _fluid(
 def _batch_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
     """Windowed conservative engine over flat arrays.
 
-    Every transfer waits at least `lookahead` = min(alpha) between becoming ready and flowing, so
-    nothing that finishes inside [t, t + lookahead) can start a flow inside it: all arrivals of the
-    window are already queued. Flows that share no channel with any other flow of the window
+    Every transfer flows at least `lookahead` = min(alpha, gaps) after the finish of any of its
+    deps, so nothing that finishes inside [t, t + lookahead) can start a flow inside it: all
+    arrivals of the window are already queued. Flows that share no channel with any other flow of the window
     keep a constant rate, so they advance in one vectorized step; flows that contend are evolved
     exactly, event by event, by `_fluid`. With lookahead 0 the window shrinks to one instant.
     """
@@ -339,10 +351,10 @@ def _batch_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
     start = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     indeg = p.indeg.copy()
-    ready_at = np.zeros(n)
     cap, nbytes, alpha = p.cap, p.nbytes, p.alpha
+    ready_at = alpha.copy()
     pad = p.pad
-    lookahead = float(alpha.min()) if n else 0.0
+    lookahead = float(min(alpha.min(), p.succ_gap.min(initial=np.inf))) if n else 0.0
     pending: list[tuple[float, int, np.ndarray]] = []
     roots = np.flatnonzero(indeg == 0)
     seq = _push_groups(pending, 0, roots, alpha[roots])
@@ -409,10 +421,10 @@ def _batch_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
             if total:
                 offs = np.repeat(lo - np.cumsum(lens) + lens, lens) + np.arange(total)
                 succ = p.succ_idx[offs]
-                np.maximum.at(ready_at, succ, np.repeat(ftimes, lens))
+                np.maximum.at(ready_at, succ, np.repeat(ftimes, lens) + p.succ_gap[offs])
                 np.subtract.at(indeg, succ, 1)
                 ready = np.unique(succ[indeg[succ] == 0])
-                seq = _push_groups(pending, seq, ready, ready_at[ready] + alpha[ready])
+                seq = _push_groups(pending, seq, ready, ready_at[ready])
             keep = ~finished
             act, rem, res = g_tid[keep], g_rem[keep], g_res[:, keep]
         else:

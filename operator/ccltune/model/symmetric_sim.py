@@ -34,6 +34,7 @@ class Quotient:
     rep_of: np.ndarray  # per full transfer: its representative's position in `reps`
     dep_ptr: np.ndarray  # deps between representatives (CSR)
     dep_idx: np.ndarray
+    dep_same_dst: np.ndarray  # per dep: into the owner's destination (no alpha, simulate.py)
     res: np.ndarray  # [width, len(reps)] orbit resource ids, padded with `pad`
     cap: np.ndarray  # payload bytes/us per resource (inf for the pad)
     pad: int
@@ -175,6 +176,7 @@ class _Structure:
     rep_of: np.ndarray
     dep_ptr: np.ndarray
     dep_idx: np.ndarray
+    dep_same_dst: np.ndarray
     links: np.ndarray  # [width, len(reps)] orbit ids, padded with norb
     orbit_cap: np.ndarray  # GB/s of one orbit resource: link capacity * |O| / |H|
     tb: np.ndarray  # per representative: its threadblock class
@@ -182,7 +184,9 @@ class _Structure:
 
 
 _CACHE: dict[tuple[int, int], tuple[ScheduleArrays, Router, _Structure | str]] = {}
-_CACHE_MAX = 4  # schedules of a 512-rank AllReduce hold ~10^6 transfers each
+# Synthesis evaluates up to ~5 finalists at every size in turn: keep them all. The schedules
+# are held by the caller anyway; an entry adds ~8 bytes per transfer (rep_of).
+_CACHE_MAX = 8
 
 
 def prepare_symmetric(
@@ -210,7 +214,7 @@ def prepare_symmetric(
         # its class; its cap is not scaled.
         cap = np.concatenate([cap, np.full(extra, tb_cap * 1e3)])
         res = np.concatenate([res, (norb + st.tb)[None, :].astype(np.int32)])
-    return Quotient(st.reps, st.rep_of, st.dep_ptr, st.dep_idx, res,
+    return Quotient(st.reps, st.rep_of, st.dep_ptr, st.dep_idx, st.dep_same_dst, res,
                     np.concatenate([cap, [np.inf]]), pad, st.lat)  # fmt: skip
 
 
@@ -245,8 +249,11 @@ def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router) -> _Str
     owner, dep = deps
     mine = is_rep[owner]
     m = nrep * ncos
-    q = np.unique(qrep[owner[mine]] * m + qrep[dep[mine]])
+    q, inv = np.unique(qrep[owner[mine]] * m + qrep[dep[mine]], return_inverse=True)
     q_owner, q_dep = q // m, q % m
+    # Images of one dep finish together, so a merged edge pays alpha if any of its own does.
+    pays = np.zeros(len(q), dtype=bool)
+    np.logical_or.at(pays, inv, (s.dst[owner] != s.dst[dep])[mine])
     dep_ptr = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(np.bincount(q_owner, minlength=m), out=dep_ptr[1:])
 
@@ -277,4 +284,4 @@ def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router) -> _Str
     tb_key = (grp.rank(sc % steps) * grp.n + grp.sub(s.dst[reps].astype(np.int64), h)) * (
         int(s.channel.max()) + 1) + s.channel[reps]
     _, tb = np.unique(tb_key, return_inverse=True)
-    return _Structure(reps, qrep, dep_ptr, q_dep, links, ocap_min * size / h_size, tb, lat[pidx])
+    return _Structure(reps, qrep, dep_ptr, q_dep, ~pays, links, ocap_min * size / h_size, tb, lat[pidx])

@@ -24,8 +24,8 @@ from .sketch import Sketch, Stage
 
 # Blocks of chunks map round-robin onto at most this many MSCCL channels (threadblock pairs).
 MAX_CHANNELS = 8
-FIFO_SLOTS = 2
-REDUCE_WINDOW = 2
+FIFO_SLOTS = 1
+REDUCE_WINDOW = 1
 
 
 def stage_demand(dims: list[Dimension], stage: Stage, symmetric: bool, pieces: int) -> SubDemand:
@@ -57,10 +57,11 @@ class Builder:
     """Accumulates transfers into flat lists (ScheduleArrays at the end)."""
 
     def __init__(self) -> None:
-        # Transfers of one stream between one (src, dst) pair run in program order with at most
-        # FIFO_SLOTS in flight, as NCCL's connection FIFO does (NCCL_STEPS slots): piece j+2
-        # waits for piece j, so stage 2 of piece j overlaps stage 1 of later pieces instead of all
-        # pieces sharing the link and arriving together, while two slots hide the step latency.
+        # Transfers of one stream between one (src, dst) pair run in program order, FIFO_SLOTS
+        # at a time, as NCCL's connection FIFO does: stage 2 of piece j overlaps stage 1 of later
+        # pieces instead of all pieces sharing the link and arriving together (the simulator
+        # overlaps a queued step's latency). Symmetric collectives queue per connection over
+        # all roots instead (`chain_connections`).
         self.last: dict[tuple[int, int, int], list[int]] = {}
         self.src: list[int] = []
         self.dst: list[int] = []
@@ -140,38 +141,68 @@ class Column:
     blocks: int
 
 
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """One block: `sketch` spreading `chunk_ids` (one per piece) on `channel`."""
+
+    sketch: Sketch
+    chunk_ids: Sequence[int]
+    channel: int = 0
+
+
 def broadcast_tree(
     fab: Fabric, sketch: Sketch, patterns: Patterns, root: int, chunk_ids: Sequence[int],
     b: Builder, *, symmetric: bool, channel: int = 0,
 ) -> dict[tuple[int, int], int]:  # fmt: skip
     """Transfers spreading `chunk_ids` (one per piece) from `root`; returns arrivals."""
-    pieces = len(chunk_ids)
-    arrival: dict[tuple[int, int], int] = {}
-    active = [root]
-    for stage in sketch.stages:
-        demand = stage_demand(fab.dims, stage, symmetric, pieces)
-        sends = patterns.sends(demand)
-        new_active: list[int] = []
-        for a in active:
-            for _, p, u, v in sends:
-                ru = fab.shifted(a, stage.dim, u)
-                rv = fab.shifted(a, stage.dim, v)
-                if rv == root or (rv, p) in arrival:
-                    continue  # already holds this piece (the root after a relay)
-                dep = arrival.get((ru, p))
-                if dep is None and ru != root:
-                    raise AssertionError(
-                        f"pattern sends piece {p} from rank {ru} before it holds it"
-                    )
-                arrival[(rv, p)] = b.add(ru, rv, chunk_ids[p], () if dep is None else (dep,),
-                                         channel=channel,
-                                         stream=root)  # fmt: skip
-            if stage.kind == "relay":
-                new_active.append(fab.shifted(a, stage.dim, stage.offset))
-            else:
-                new_active.extend(fab.shifted(a, stage.dim, q) for q in range(fab.sizes[stage.dim]))
-        active = new_active
-    return arrival
+    return broadcast_trees(fab, [Tree(sketch, chunk_ids, channel)], patterns, root, b,
+                           symmetric=symmetric)[0]  # fmt: skip
+
+
+def broadcast_trees(
+    fab: Fabric, trees: Sequence[Tree], patterns: Patterns, root: int, b: Builder, *,
+    symmetric: bool, stream: bool = True,
+) -> list[dict[tuple[int, int], int]]:  # fmt: skip
+    """Every tree's transfers from `root`, emitted stage by stage across the trees.
+
+    Emission order is the order of each connection's FIFO: stage-major puts every block's first
+    hop ahead of later hops on a shared connection, so a rail that starts one sketch is not
+    queued behind the rail hops that end another (dimension-order mixes). `stream=False` leaves
+    the FIFO to `chain_connections` (all roots' transfers on a connection in one queue).
+    """
+    arrivals: list[dict[tuple[int, int], int]] = [{} for _ in trees]
+    actives = [[root] for _ in trees]
+    for k in range(max((len(t.sketch.stages) for t in trees), default=0)):
+        for t, arrival, active in zip(trees, arrivals, actives, strict=True):
+            if k < len(t.sketch.stages):
+                stage = t.sketch.stages[k]
+                active[:] = _stage(fab, stage, patterns, root if stream else None, root, t,
+                                   arrival, active, b, symmetric)  # fmt: skip
+    return arrivals
+
+
+def _stage(fab: Fabric, stage: Stage, patterns: Patterns, stream: int | None, root: int, t: Tree,
+           arrival: dict[tuple[int, int], int], active: list[int], b: Builder,
+           symmetric: bool) -> list[int]:  # fmt: skip
+    """One stage of one tree from every acting source; returns the next acting sources."""
+    sends = patterns.sends(stage_demand(fab.dims, stage, symmetric, len(t.chunk_ids)))
+    new_active: list[int] = []
+    for a in active:
+        for _, p, u, v in sends:
+            ru = fab.shifted(a, stage.dim, u)
+            rv = fab.shifted(a, stage.dim, v)
+            if rv == root or (rv, p) in arrival:
+                continue  # already holds this piece (the root after a relay)
+            dep = arrival.get((ru, p))
+            if dep is None and ru != root:
+                raise AssertionError(f"pattern sends piece {p} from rank {ru} before it holds it")
+            arrival[(rv, p)] = b.add(ru, rv, t.chunk_ids[p], () if dep is None else (dep,),
+                                     channel=t.channel, stream=stream)  # fmt: skip
+        if stage.kind == "relay":
+            new_active.append(fab.shifted(a, stage.dim, stage.offset))
+        else:
+            new_active.extend(fab.shifted(a, stage.dim, q) for q in range(fab.sizes[stage.dim]))
+    return new_active
 
 
 def _split(columns: list[Column], pieces: int) -> list[tuple[Sketch, int, int]]:
@@ -199,16 +230,17 @@ def allgather_root0(fab: Fabric, columns: list[Column], patterns: Patterns, piec
     b = Builder()
     blocks = _split(columns, pieces)
     cpr = len(blocks) * pieces
-    for ch, (sk, off, k) in enumerate(blocks):
-        broadcast_tree(fab, sk, patterns, 0, [off + p for p in range(k)], b, symmetric=True,
-                       channel=ch % MAX_CHANNELS)  # fmt: skip
+    trees = [Tree(sk, range(off, off + k), ch % MAX_CHANNELS)
+             for ch, (sk, off, k) in enumerate(blocks)]  # fmt: skip
+    broadcast_trees(fab, trees, patterns, 0, b, symmetric=True, stream=False)
     return b.arrays(name, Collective.ALLGATHER, fab.nranks, cpr,
                     channels=min(len(blocks), MAX_CHANNELS))  # fmt: skip
 
 
 def translate_roots(fab: Fabric, one: ScheduleArrays, cpr: int) -> ScheduleArrays:
-    """Root 0's transfers repeated for every root r, ranks moved by r's coordinates; root r's
-    block follows root r-1's, as a loop over roots would build it."""
+    """Root 0's transfers repeated for every root r, ranks moved by r's coordinates (root r's
+    block follows root r-1's, as a loop over roots would build it), then queued per connection
+    (`chain_connections`)."""
     n, t = fab.nranks, len(one)
     sizes = np.asarray(fab.sizes, dtype=np.int64)
     strides = np.asarray(fab.strides, dtype=np.int64)
@@ -224,21 +256,46 @@ def translate_roots(fab: Fabric, one: ScheduleArrays, cpr: int) -> ScheduleArray
     idx = (np.tile(one.dep_idx, n)
            + np.repeat(np.arange(n, dtype=np.int64) * t, len(one.dep_idx)))  # fmt: skip
     chunk = np.tile(one.chunk, n) + np.repeat(np.arange(n, dtype=np.int64) * cpr, t)
-    return replace(
+    every = replace(
         one, src=moved(one.src.astype(np.int64)).astype(np.int32),
         dst=moved(one.dst.astype(np.int64)).astype(np.int32), chunk=chunk,
         count=np.tile(one.count, n), reduce=np.tile(one.reduce, n),
         channel=np.tile(one.channel, n), dep_ptr=ptr, dep_idx=idx,
     )  # fmt: skip
+    return chain_connections(every, t)
+
+
+def chain_connections(s: ScheduleArrays, per_root: int, window: int = FIFO_SLOTS) -> ScheduleArrays:
+    """Each transfer also waits for the one `window` places before it on its connection (src,
+    dst), every root's transfers in one queue ordered by their position in root 0's emission.
+
+    That is NCCL's connection FIFO: the simulator lets the next step flow as soon as its queue
+    predecessor drains (no second latency), so a connection streams its queue back to back
+    instead of splitting its bandwidth over every root's flows at once. The order is the same
+    for every translate (symmetric engine) and every edge raises the root-0 position (a
+    connection's transfers at one position belong to one root), so no cycle can form.
+    """
+    n = len(s)
+    pos = np.arange(n, dtype=np.int64) % per_root
+    conn = s.src.astype(np.int64) * s.nranks + s.dst
+    order = np.lexsort((pos, conn))
+    queued = np.zeros(n, dtype=bool)
+    queued[window:] = conn[order[window:]] == conn[order[:-window]]
+    owner, pred = order[queued], order[np.flatnonzero(queued) - window]
+    owners = np.concatenate([np.repeat(np.arange(n, dtype=np.int64), np.diff(s.dep_ptr)), owner])
+    edges = np.unique(owners * n + np.concatenate([s.dep_idx, pred]))
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(edges // n, minlength=n), out=ptr[1:])
+    return replace(s, dep_ptr=ptr, dep_idx=edges % n)
 
 
 def broadcast(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int, root: int,
               name: str) -> ScheduleArrays:  # fmt: skip
     b = Builder()
     blocks = _split(columns, pieces)
-    for ch, (sk, off, k) in enumerate(blocks):
-        broadcast_tree(fab, sk, patterns, root, list(range(off, off + k)), b, symmetric=False,
-                       channel=ch % MAX_CHANNELS)  # fmt: skip
+    trees = [Tree(sk, range(off, off + k), ch % MAX_CHANNELS)
+             for ch, (sk, off, k) in enumerate(blocks)]  # fmt: skip
+    broadcast_trees(fab, trees, patterns, root, b, symmetric=False)
     return b.arrays(name, Collective.BROADCAST, fab.nranks, len(blocks) * pieces, root=root,
                     channels=min(len(blocks), MAX_CHANNELS))  # fmt: skip
 
@@ -278,7 +335,7 @@ def reverse(
         if prev is not None:
             deps.add(prev)
         # At most REDUCE_WINDOW reduces of one owner into one port in flight: pieces complete
-        # roughly in order, and the step latency of a reduce hides behind the others.
+        # in order, so the next stage starts on the first ones (measured best at 1).
         inflight = window.setdefault(kp, [])
         if len(inflight) >= REDUCE_WINDOW:
             deps.add(inflight.pop(0))

@@ -25,6 +25,7 @@ from .sketch import Sketch
 
 # Fixed cost of one transfer step for ranking only (the simulator uses the protocol's own).
 STEP_US = 3.4
+MIX_BLOCKS = 16  # most blocks a rounded LP mix may use
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,10 @@ def _lp(rows: list[list[float]]) -> list[float]:
     return [max(0.0, x) for x in w]
 
 
+def _objective(w: list[float], rows: list[list[float]]) -> float:
+    return max(sum(wi * r for wi, r in zip(w, row, strict=True)) for row in rows)
+
+
 def _blocks(weights: list[float], total: int) -> list[int]:
     """Largest-remainder rounding of weights to `total` blocks."""
     raw = [w * total for w in weights]
@@ -134,7 +139,7 @@ def candidates(fab: asm.Fabric, coll: Collective, sketches: list[Sketch], patter
     pure: list[Candidate] = []
     for sk, idx in by_sketch.items():
         w = [1.0 / len(idx) if i in idx else 0.0 for i in range(len(cols))]
-        bw = phases * max(sum(wi * r for wi, r in zip(w, row, strict=True)) for row in rows)
+        bw = phases * _objective(w, rows)
         depth = max(cols[i][3] for i in idx)
         columns = [asm.Column(cols[i][1], 1) for i in idx]
         pure.append(Candidate(sk.label(dims), columns, bw, latency(depth, sk)))
@@ -148,14 +153,24 @@ def candidates(fab: asm.Fabric, coll: Collective, sketches: list[Sketch], patter
     w = _lp(rows)
     used = [i for i, x in enumerate(w) if x > 1e-3]
     if len(used) > 1:
-        total = min(16, 2 * len(used))
-        blocks = _blocks([w[i] / sum(w[j] for j in used) for i in used], total)
-        columns = [asm.Column(cols[i][1], b) for i, b in zip(used, blocks, strict=True) if b > 0]
-        if len(columns) > 1:
+        share = [w[i] / sum(w[j] for j in used) for i in used]
+
+        def rounded(total: int) -> tuple[float, list[int]]:
+            blocks = _blocks(share, total)
             wq = [0.0] * len(cols)
             for i, b in zip(used, blocks, strict=True):
                 wq[i] = b / total
-            bw = phases * max(sum(wi * r for wi, r in zip(wq, row, strict=True)) for row in rows)
+            return _objective(wq, rows), blocks
+
+        # The fewest blocks whose rounded ratios come within 1% of the LP's optimum (else the
+        # closest up to MIX_BLOCKS): blocks cost transfers, rounding costs bandwidth.
+        best_z = min(rounded(t)[0] for t in range(len(used), MIX_BLOCKS + 1))
+        total = next(t for t in range(len(used), MIX_BLOCKS + 1)
+                     if rounded(t)[0] <= max(best_z, 1.01 * _objective(w, rows)))  # fmt: skip
+        z, blocks = rounded(total)
+        columns = [asm.Column(cols[i][1], b) for i, b in zip(used, blocks, strict=True) if b > 0]
+        if len(columns) > 1:
+            bw = phases * z
             depth = max(cols[i][3] for i in used)
             lat = max(latency(depth, cols[i][1]) for i in used)
             names = sorted({cols[i][0].label(dims) for i in used})

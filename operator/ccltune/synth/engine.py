@@ -41,6 +41,7 @@ Progress = Callable[[str, float], None]  # (message, fraction done 0..1)
 
 
 GRID = 4
+MAX_BLOCKS = 32  # blocks per root in a pipelined variant (transfers grow with it)
 
 
 def _protocols(size: int) -> tuple[str, ...]:
@@ -169,15 +170,19 @@ def synthesize(
     # Assemble variants.
     t2 = time.perf_counter()
     variants: list[tuple[str, ScheduleArrays]] = []
-    # Deeper pipelines (more chunks per sketch) trade step latency for stage overlap.
-    # The symmetric engine makes a simulation cheap, so every depth up to 16 (8 above 64 ranks,
-    # where transfers per root grow with N) is tried; the simulator picks per size.
-    deep_max = 16 if fab.nranks <= 64 else 8
-    depths = [d for d in (1, 2, 4, 8, 16) if d <= deep_max]
-    shapes = [(1, d) for d in depths] + ([(fine_pieces, 1), (fine_pieces, 4)] if fine else [])
-    if coll == Collective.ALLTOALL:
-        shapes = [(1, 1)]
+    # Deeper pipelines (more blocks per root) trade step latency for stage overlap. The
+    # symmetric engine makes a simulation cheap, so every depth up to MAX_BLOCKS blocks per root
+    # (8 above 64 ranks, where transfers per root grow with N) is tried; a mix of sketches
+    # already has many blocks. The simulator picks per size.
+    max_blocks = MAX_BLOCKS if fab.nranks <= 64 else MAX_BLOCKS // 4
     for cand in cands:
+        nblocks = sum(c.blocks for c in cand.columns)
+        depths = [d for d in (1, 2, 4, 8, 16) if d == 1 or d * nblocks <= max_blocks]
+        shapes = [(1, d) for d in depths]
+        if fine:
+            shapes += [(fine_pieces, d) for d in (1, 4) if d == 1 or d * nblocks <= max_blocks]
+        if coll == Collective.ALLTOALL:
+            shapes = [(1, 1)]
         for pieces, depth in shapes:
             if clock.out() and variants:
                 result.budget_exhausted = True
@@ -204,10 +209,13 @@ def synthesize(
         # Screen at the ends and near 64 MiB (where the pipeline depth matters most), keeping
         # the best at the smallest size and the best two at each of the others.
         mid = min(sizes, key=lambda x: abs(math.log2(x) - 26))
-        for at, top in ((sizes[0], 1), (mid, 2), (sizes[-1], 2)):
-            proto = _protocols(at)[0 if at == sizes[0] else -1]
-            times = {label: run(arr, at, proto) for label, arr in variants}
-            keep += sorted(times, key=times.__getitem__)[:top]
+        points = ((sizes[0], 1), (mid, 2), (sizes[-1], 2))
+        # Variant-major, so each variant's symmetric structure is computed once (cached).
+        times = [[run(arr, at, _protocols(at)[0 if at == sizes[0] else -1]) for at, _ in points]
+                 for _, arr in variants]  # fmt: skip
+        for k, (_, top) in enumerate(points):
+            ranked = sorted(range(len(variants)), key=lambda v: times[v][k])
+            keep += [variants[v][0] for v in ranked[:top]]
     else:
         keep = [v[0] for v in variants]
     finalists = [(lb, arr) for lb, arr in variants if lb in keep]
