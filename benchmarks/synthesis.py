@@ -88,7 +88,7 @@ def main() -> None:
             pub = PUBLISHED.get(preset, "") if coll == "allgather" else ""
             print(f"| {preset} | {topo.world_size} | {coll} | {statistics.mean(core_t):.2f} | "
                   f"{statistics.mean(eval_t):.2f} | {statistics.mean(synth_t):.2f} | "
-                  f"{max(synth_t):.2f} | {statistics.mean(total_t):.2f} | {pct:.0f}% | "
+                  f"{max(synth_t):.2f} | {statistics.mean(total_t):.2f} | {pct:.1f}% | "
                   f"{min(speed):.2f}x | {speed[-1]:.2f}x | {'yes' if res.budget_exhausted else 'no'} | "
                   f"{pub} |", flush=True)  # fmt: skip
 

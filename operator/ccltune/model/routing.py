@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..api.cluster import ClusterTopology, DeviceKind
+from .arrays import sorted_unique
 
 
 class RoutingError(ValueError):
@@ -177,7 +178,7 @@ class Router:
             np.minimum.at(best, v, cand)
             bv = best[v]
             tight_parts.append(ch[cand <= bv + _EPS * np.maximum(1.0, bv)])
-            frontier = np.unique(v)
+            frontier = sorted_unique(v)
             seen[frontier] = True
             lat[frontier] = best[frontier]
         tch = np.concatenate(tight_parts) if tight_parts else np.zeros(0, dtype=np.int64)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..api.cluster import ClusterTopology
+from .arrays import sorted_unique
 from .cost import ProtocolCost
 from .ir import ScheduleArrays
 from .routing import Router
@@ -75,7 +76,7 @@ def _layout(s: ScheduleArrays, grp: _Group) -> tuple[np.ndarray, np.ndarray] | s
         elem = grp.sub(s.src[seg * big_n * t + block * t].astype(np.int64),
                        s.src[seg * big_n * t].astype(np.int64))  # fmt: skip
         per_block = elem.reshape(segs, big_n, t)[:, :, 0]
-        if any(len(np.unique(row)) != big_n for row in per_block):
+        if any(len(sorted_unique(row)) != big_n for row in per_block):
             continue
         src0, dst0 = s.src[base].astype(np.int64), s.dst[base].astype(np.int64)
         if not (
@@ -95,7 +96,7 @@ def _quotient_deps(
 ) -> tuple[np.ndarray, np.ndarray] | str:
     n = len(s)
     owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(s.dep_ptr))
-    edges = np.unique(owner * n + s.dep_idx)  # one edge per (transfer, dep)
+    edges = sorted_unique(owner * n + s.dep_idx)  # one edge per (transfer, dep)
     owner, dep = edges // n, edges % n
     delta = grp.sub(elem[dep], elem[owner])
     keys = (rep[owner] * nrep + rep[dep]) * grp.n + delta
@@ -134,7 +135,7 @@ def _channel_orbits(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Steps of the largest translation subgroup H the routes commute with, and for every pair
     the schedule uses: its key, path CSR, latency; channel orbit ids under H (-1 untouched)."""
-    ukeys = np.unique(s.src.astype(np.int64) * grp.n + s.dst)
+    ukeys = sorted_unique(s.src.astype(np.int64) * grp.n + s.dst)
     off, chans, lat = router.paths_csr(
         zip((ukeys // grp.n).tolist(), (ukeys % grp.n).tolist(), strict=True)
     )
@@ -161,7 +162,7 @@ def _channel_orbits(
             ra, rb = find(a), find(b)
             if ra != rb:
                 parent[ra] = rb
-    touched = np.unique(chans)
+    touched = sorted_unique(chans)
     orbit = np.full(router.nchannels, -1, dtype=np.int64)
     roots = np.array([find(int(c)) for c in touched.tolist()], dtype=np.int64)
     _, orbit[touched] = np.unique(roots, return_inverse=True)

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..api.cluster import Dimension
 from ..api.common import Collective
+from ..model.arrays import sorted_unique
 from ..model.ir import ScheduleArrays
 from .group import GroupTopo
 from .milp import SubDemand, SubSchedule
@@ -278,12 +279,12 @@ def chain_connections(s: ScheduleArrays, per_root: int, window: int = FIFO_SLOTS
     n = len(s)
     pos = np.arange(n, dtype=np.int64) % per_root
     conn = s.src.astype(np.int64) * s.nranks + s.dst
-    order = np.lexsort((pos, conn))
+    order = np.argsort(conn * per_root + pos, kind="stable")  # one key sorts faster than lexsort
     queued = np.zeros(n, dtype=bool)
     queued[window:] = conn[order[window:]] == conn[order[:-window]]
     owner, pred = order[queued], order[np.flatnonzero(queued) - window]
     owners = np.concatenate([np.repeat(np.arange(n, dtype=np.int64), np.diff(s.dep_ptr)), owner])
-    edges = np.unique(owners * n + np.concatenate([s.dep_idx, pred]))
+    edges = sorted_unique(owners * n + np.concatenate([s.dep_idx, pred]))
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(edges // n, minlength=n), out=ptr[1:])
     return replace(s, dep_ptr=ptr, dep_idx=edges % n)

@@ -42,6 +42,7 @@ Progress = Callable[[str, float], None]  # (message, fraction done 0..1)
 
 GRID = 4
 MAX_BLOCKS = 32  # blocks per root in a pipelined variant (transfers grow with it)
+MAX_BLOCKS_LARGE = 24  # above 64 ranks: a 512-rank variant holds ~0.26M transfers per block
 
 
 def _protocols(size: int) -> tuple[str, ...]:
@@ -172,9 +173,9 @@ def synthesize(
     variants: list[tuple[str, ScheduleArrays]] = []
     # Deeper pipelines (more blocks per root) trade step latency for stage overlap. The
     # symmetric engine makes a simulation cheap, so every depth up to MAX_BLOCKS blocks per root
-    # (8 above 64 ranks, where transfers per root grow with N) is tried; a mix of sketches
-    # already has many blocks. The simulator picks per size.
-    max_blocks = MAX_BLOCKS if fab.nranks <= 64 else MAX_BLOCKS // 4
+    # (MAX_BLOCKS_LARGE above 64 ranks, where transfers per root grow with N) is tried; a mix
+    # of sketches already has many blocks. The simulator picks per size.
+    max_blocks = MAX_BLOCKS if fab.nranks <= 64 else MAX_BLOCKS_LARGE
     for cand in cands:
         nblocks = sum(c.blocks for c in cand.columns)
         depths = [d for d in (1, 2, 4, 8, 16) if d == 1 or d * nblocks <= max_blocks]
