@@ -41,8 +41,10 @@ Progress = Callable[[str, float], None]  # (message, fraction done 0..1)
 
 
 GRID = 4
-MAX_BLOCKS = 32  # blocks per root in a pipelined variant (transfers grow with it)
-MAX_BLOCKS_LARGE = 24  # above 64 ranks: a 512-rank variant holds ~0.26M transfers per block
+MAX_CHUNKS = 32  # chunks per root in a pipelined variant (transfers grow with it)
+# Above 64 ranks a 512-rank variant holds ~0.26M transfers per chunk of a root.
+MAX_CHUNKS_LARGE = 48
+MAX_CHUNKS_SMALL = 8
 
 
 def _protocols(size: int) -> tuple[str, ...]:
@@ -171,17 +173,19 @@ def synthesize(
     # Assemble variants.
     t2 = time.perf_counter()
     variants: list[tuple[str, ScheduleArrays]] = []
-    # Deeper pipelines (more blocks per root) trade step latency for stage overlap. The
-    # symmetric engine makes a simulation cheap, so every depth up to MAX_BLOCKS blocks per root
-    # (MAX_BLOCKS_LARGE above 64 ranks, where transfers per root grow with N) is tried; a mix
-    # of sketches already has many blocks. The simulator picks per size.
-    max_blocks = MAX_BLOCKS if fab.nranks <= 64 else MAX_BLOCKS_LARGE
+    # Deeper pipelines (more chunks per root) trade step latency for stage overlap. The
+    # symmetric engine makes a simulation cheap, so every depth up to MAX_CHUNKS chunks per root
+    # is tried. Above 64 ranks (transfers per root grow with N) only the candidate the
+    # combination predicts fastest at the largest size gets MAX_CHUNKS_LARGE, the others
+    # MAX_CHUNKS_SMALL: deep pipelines pay only at large sizes. The simulator picks per size.
+    lead = min(cands, key=lambda c: c.estimate_us(sizes[-1]))
     for cand in cands:
         nblocks = sum(c.blocks for c in cand.columns)
-        depths = [d for d in (1, 2, 4, 8, 16) if d == 1 or d * nblocks <= max_blocks]
-        shapes = [(1, d) for d in depths]
-        if fine:
-            shapes += [(fine_pieces, d) for d in (1, 4) if d == 1 or d * nblocks <= max_blocks]
+        limit = MAX_CHUNKS
+        if fab.nranks > 64:
+            limit = MAX_CHUNKS_LARGE if cand is lead else MAX_CHUNKS_SMALL
+        shapes = [(p, d) for p in ((1, fine_pieces) if fine else (1,)) for d in (1, 2, 4, 8, 16)
+                  if (p == 1 or d in (1, 4)) and (d == 1 or p * d * nblocks <= limit)]  # fmt: skip
         if coll == Collective.ALLTOALL:
             shapes = [(1, 1)]
         for pieces, depth in shapes:
