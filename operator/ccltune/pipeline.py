@@ -15,6 +15,7 @@ from .api.cluster import ClusterTopology
 from .api.common import Collective, Source, parse_size
 from .api.plan import Plan, PlanFile, PlanTask, TaskKey
 from .model.nccl_default import default_estimate, nccl_default
+from .plan_steps import synth_step, tune_step
 from .publish.files import (
     NCCL_CONF,
     NCCL_TOPO,
@@ -178,20 +179,22 @@ def build_plan(
     """The whole offline pipeline. Deterministic: same inputs, same files and digest."""
     say = progress or (lambda _msg: None)
     tasks: list[PlanTask] = []
+    subs: list[ClusterTopology] = []
     notes: list[str] = []
     for index, task in enumerate(expand_tasks(tuning, cluster)):
         key, comm = _task_key(task, index, tuning, cluster)
         sub = subcluster(cluster, comm.ranks)
+        subs.append(sub)
         tasks.append(_baseline_task(key, sub, say))
-    if tuning.synthesis.enabled:
-        notes.append(
-            "synthesis was requested but is not available in this build; NCCL baselines are used"
-        )
-    if tuning.tuning.enabled:
-        notes.append(
-            "tuning was requested but is not available in this build; NCCL defaults are used"
-        )
     env: dict[str, str] = {}
+    step_files: list[PlanFile] = []
+    if tuning.tuning.enabled:
+        tasks, env, step_files, tune_notes = tune_step(tuning, cluster, tasks, say)
+        notes += tune_notes
+    if tuning.synthesis.enabled:
+        for index, sub in enumerate(subs):
+            tasks[index], xml_files = synth_step(tuning, sub, tasks[index], index, say)
+            step_files += xml_files
     topo_files, topo_notes = _topology_files(cluster)
     notes += topo_notes
     plan = Plan(
@@ -207,6 +210,7 @@ def build_plan(
     header = f"ccltune plan {name} for cluster {cluster.name}: {line}"
     files = [
         *topo_files,
+        *step_files,
         plan_file(NCCL_CONF, render_nccl_conf(env, header)),
         plan_file(REPORT_MD, render_report_md(plan, line)),
         plan_file(REPORT_JSON, render_report_json(plan, line)),
