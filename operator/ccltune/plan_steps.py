@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .api.ccltuning import CCLTuningSpec
 from .api.cluster import ClusterTopology
-from .api.plan import Choice, Estimate, PlanFile, PlanTask
+from .api.plan import Choice, PlanFile, PlanTask
 from .publish.configmaps import MAX_CONFIGMAP_BYTES
 from .publish.files import MSCCL_DIR, TUNER_CSV, plan_file
 from .synth.engine import synthesize
@@ -61,19 +61,18 @@ def synth_step(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask, index:
         if r.xml_file and Path(r.xml_file).name in path_of:
             for s in r.sizes:
                 file_at[s.size_bytes] = path_of[Path(r.xml_file).name]
-    chosen = {e.size_bytes: e for e in task.chosen_estimates}
-    estimates: list[Estimate] = []
+    # What the task runs so far at each size: tuning's buckets, else NCCL's default.
+    current = {e.size_bytes: e for e in [*task.default_estimates, *task.chosen_estimates]}
     used: set[str] = set()
     for s in res.sizes:
-        current = chosen.get(s.size_bytes)
         path = file_at.get(s.size_bytes)
-        if path and (current is None or s.estimate.time_us < current.time_us):
+        here = current.get(s.size_bytes)
+        if path and (here is None or s.estimate.time_us < here.time_us):
             choice = Choice(kind="msccl", algorithm=s.chosen, protocol=s.protocol,
                             msccl_file=path)  # fmt: skip
-            estimates.append(s.estimate.model_copy(update={"choice": choice}))
+            current[s.size_bytes] = s.estimate.model_copy(update={"choice": choice})
             used.add(path)
-        elif current is not None:
-            estimates.append(current)
+    estimates = [current[size] for size in sorted(current)]
     if not res.symmetric:
         notes.append("synthesis: asymmetric communicator, NCCL kept (see the note above)")
     top = estimates[-1].choice if estimates and estimates[-1].choice else task.chosen
