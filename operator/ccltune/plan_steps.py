@@ -14,7 +14,6 @@ from pathlib import Path
 from .api.ccltuning import CCLTuningSpec
 from .api.cluster import ClusterTopology
 from .api.plan import Choice, PlanFile, PlanTask
-from .publish.configmaps import MAX_CONFIGMAP_BYTES
 from .publish.files import MSCCL_DIR, TUNER_CSV, plan_file
 from .synth.engine import synthesize
 from .tune.tuner import TUNER_FILE, tune_tasks
@@ -51,10 +50,8 @@ def synth_step(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask, index:
                          time_budget_s=spec.synthesis.time_budget_seconds, out_dir=tmp)  # fmt: skip
         xml = {Path(r.xml_file).name: Path(r.xml_file).read_text(encoding="utf-8")
                for r in res.ranges if r.xml_file}  # fmt: skip
+    # Files over the ConfigMap limit are published packed (publish/configmaps.py).
     notes = [*task.notes, *(f"synthesis: {n}" for n in res.notes)]
-    for name in [n for n, text in xml.items() if len(text.encode()) > MAX_CONFIGMAP_BYTES]:
-        notes.append(f"synthesis: {name} is {len(xml.pop(name).encode())} bytes, over the "
-                     "ConfigMap limit; the current choice is kept for its range")  # fmt: skip
     path_of = {name: f"{MSCCL_DIR}/t{index}-{name}" for name in xml}
     file_at: dict[int, str] = {}
     for r in res.ranges:

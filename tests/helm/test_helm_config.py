@@ -113,6 +113,27 @@ def test_plan_job_from_chart_settings_is_restricted(rendered: Rendered) -> None:
     assert job["spec"]["ttlSecondsAfterFinished"] == jobs_values["ttlSecondsAfterFinished"]
 
 
+# A packed plan: one gzip entry, so the webhook adds the unpack init container.
+PACKED_MANIFEST = {"digest": "d" * 64, "items": [
+    {"configMap": "t-ccltune-dddddddddd-0", "key": "msccl__a.xml.gz", "path": "msccl/a.xml",
+     "packing": "gzip", "part": 0, "parts": 1, "sha256": "a" * 64}]}
+
+
+def test_unpack_init_container_from_chart_settings_is_restricted(rendered: Rendered) -> None:
+    """The init container the webhook adds to pods with packed plan files meets Pod Security
+    'restricted' even in a root training pod, with the chart's image and resources."""
+    from ccltune.controller import webhook
+
+    cfg = operator_config(rendered)
+    pod = {"spec": {"securityContext": {"runAsUser": 0},
+                    "containers": [{"name": "train", "image": "pytorch"}]}}
+    spec = webhook.injected_pod(pod, PACKED_MANIFEST, "t", cfg)["spec"]
+    assert pss.violations({**pod["spec"], **spec, "containers": []}) == []  # the user's are theirs
+    (init,) = spec["initContainers"]
+    assert init["image"] == cfg.unpack_image == cfg.agent_image  # default: already on the nodes
+    assert init["resources"] == rendered.values_merged()["webhook"]["unpack"]["resources"]
+
+
 def test_images_follow_values(helm: Path) -> None:
     from .chart import CHART, render
 
@@ -131,3 +152,8 @@ def test_images_follow_values(helm: Path) -> None:
     assert tag_only.agent_image == "ghcr.io/ccltune/ccltune:1.2.3"
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     assert tag_only.operator_image == f"ghcr.io/ccltune/ccltune:{app_version}"
+    # The unpack init container follows the agent image unless given its own.
+    assert cfg.unpack_image == cfg.agent_image
+    own = operator_config(render(helm, [CHART / "values.yaml"], [
+        "webhook.unpack.image.repository=registry.example/unpack", "webhook.unpack.image.tag=v2"]))
+    assert own.unpack_image == "registry.example/unpack:v2"

@@ -78,6 +78,16 @@ app.kubernetes.io/component: {{ .component }}
 {{ include "ccltune.image" (dict "image" .Values.agent.image "root" .) }}
 {{- end }}
 
+{{/* The unpack init container runs the agent image unless webhook.unpack.image says otherwise. */}}
+{{- define "ccltune.unpackImage" -}}
+{{- $img := .Values.webhook.unpack.image -}}
+{{- if or $img.repository $img.tag $img.digest -}}
+{{ include "ccltune.image" (dict "image" $img "root" .) }}
+{{- else -}}
+{{ include "ccltune.agentImage" . }}
+{{- end -}}
+{{- end }}
+
 {{- define "ccltune.serviceAccountName" -}}
 {{- $sa := index .ctx.Values .component "serviceAccount" -}}
 {{- if $sa.create -}}
@@ -138,6 +148,8 @@ app.kubernetes.io/component: {{ .component }}
   "topology_timeout_seconds" $op.topologyTimeoutSeconds
   "metrics_port" $op.metricsPort
   "webhook_port" .Values.webhook.port
+  "unpack_image" (include "ccltune.unpackImage" .)
+  "unpack_resources" .Values.webhook.unpack.resources
 -}}
 {{- if .Values.webhook.enabled }}
 {{- $_ := set $cfg "webhook_addr" "0.0.0.0" }}

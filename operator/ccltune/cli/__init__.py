@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 app = typer.Typer(
@@ -20,9 +22,15 @@ def _root() -> None:
 
 def _register() -> None:
     # Sub-command modules: each defines register(app). Imported here so `--help` lists them all.
+    from . import unpack
+
+    if sys.argv[1:2] == ["unpack"]:
+        # Every injected pod with packed files runs this first: skip the planning stack's imports.
+        unpack.register(app)
+        return
     from . import crds, plan, topology
 
-    for module in (plan, topology, crds):
+    for module in (plan, topology, crds, unpack):
         module.register(app)
     for optional in ("synthesize", "tune"):
         try:

@@ -46,6 +46,14 @@ class OperatorConfig(BaseModel):
         "requests": {"cpu": "1", "memory": "1Gi"},
         "limits": {"cpu": "4", "memory": "8Gi"},
     }
+    # Image of the `ccltune-unpack` init container of pods whose plan has packed (large) files;
+    # None: the agent image, which every GPU node already has.
+    unpack_image: str | None = None
+    # requests == limits, so the init container never lowers a Guaranteed pod's QoS class.
+    unpack_resources: dict[str, Any] = {
+        "requests": {"cpu": "250m", "memory": "128Mi"},
+        "limits": {"cpu": "250m", "memory": "128Mi"},
+    }
     # Plans bigger than these run as batch/v1 Jobs instead of inside the operator.
     inprocess_max_gpus: int = Field(512, ge=0)
     inprocess_max_synth_gpus: int = Field(16, ge=0)
@@ -72,7 +80,8 @@ class OperatorConfig(BaseModel):
         return key, value
 
 
-_JSON_KEYS = {"agent_resources", "agent_tolerations", "agent_args", "job_resources"}
+_JSON_KEYS = {"agent_resources", "agent_tolerations", "agent_args", "job_resources",
+              "unpack_resources"}
 
 
 def _env_name(key: str) -> str:

@@ -153,7 +153,7 @@ async def inject(*, body: kopf.Body, patch: kopf.Patch, namespace: str | None, d
             except (ApiError, httpx.HTTPError) as exc:
                 logger.warning("could not post the PodNotInjected event: %s", exc)
         return
-    desired = webhook.injected_pod(pod, webhook.read_manifest(pointer), chosen.name)
+    desired = webhook.injected_pod(pod, webhook.read_manifest(pointer), chosen.name, ctx().cfg)
     delta = webhook.changes(pod, desired)
     for key, value in delta.items():
         patch[key] = value

@@ -16,10 +16,17 @@ from ..api.common import API_GROUP
 from ..api.plan import PlanFile
 from ..publish.configmaps import MANIFEST_KEY
 from ..publish.files import injection_env
+from ..publish.unpack import index_arg, is_packed
+from .config import OperatorConfig
 from .selectors import matches, pod_selector
 
 MOUNT_DIR = "/etc/ccltune"
 VOLUME = "ccltune-plan"
+# Packed plans: the ConfigMaps go to the init container only, which writes the files to VOLUME.
+PACKED_DIR = "/var/run/ccltune/packed"
+PACKED_VOLUME = "ccltune-plan-packed"
+UNPACK_CONTAINER = "ccltune-unpack"
+UNPACK_UID = 65532  # the ccltune image's USER
 ANNOTATION_DIGEST = f"{API_GROUP}/plan-digest"
 ANNOTATION_TUNING = f"{API_GROUP}/tuning"
 
@@ -65,24 +72,31 @@ def read_manifest(pointer: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def injected_pod(pod: dict[str, Any], manifest: dict[str, Any], tuning: str) -> dict[str, Any]:
-    """The fields of `pod` to set (metadata.annotations, spec.volumes, spec.containers).
+def injected_pod(pod: dict[str, Any], manifest: dict[str, Any], tuning: str,
+                 cfg: OperatorConfig | None = None) -> dict[str, Any]:
+    """The fields of `pod` to set (metadata.annotations, spec.volumes, spec.containers and, when
+    the plan has packed files, spec.initContainers).
 
-    User env wins: a variable the container already sets is left alone. Running it on its own
-    output changes nothing.
+    Plain plans: the content ConfigMaps projected at MOUNT_DIR. Packed plans: an emptyDir at
+    MOUNT_DIR that the `ccltune-unpack` init container fills from the ConfigMaps (projected at
+    PACKED_DIR, for it only). User env wins: a variable the container already sets is left
+    alone. Running it on its own output changes nothing.
     """
-    items: list[dict[str, str]] = manifest["items"]
-    by_cm: dict[str, list[dict[str, str]]] = {}
-    for item in items:
-        by_cm.setdefault(item["configMap"], []).append({"key": item["key"], "path": item["path"]})
-    volume: dict[str, Any] = {"name": VOLUME, "projected": {"defaultMode": 0o444, "sources": [
-        {"configMap": {"name": cm, "items": sorted(entries, key=lambda e: e["path"])}}
-        for cm, entries in sorted(by_cm.items())
-    ]}}
+    cfg = cfg or OperatorConfig()
+    items: list[dict[str, Any]] = manifest["items"]
+    packed = is_packed(items)
+    spec = pod.get("spec") or {}
+    ours = {VOLUME, PACKED_VOLUME}
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") not in ours]
+    init = [c for c in spec.get("initContainers") or [] if c.get("name") != UNPACK_CONTAINER]
+    if packed:
+        # Each entry at its own key: the init container's index names entries by key.
+        volumes += [{"name": VOLUME, "emptyDir": {}}, _projected(PACKED_VOLUME, items, "key")]
+        init = [_unpack_container(spec, items, cfg), *init]
+    else:
+        volumes.append(_projected(VOLUME, items, "path"))
     # injection_env only looks at paths; the content lives in the ConfigMaps.
     env = injection_env([PlanFile(path=i["path"], content="", digest="") for i in items], MOUNT_DIR)
-    spec = pod.get("spec") or {}
-    volumes = [v for v in spec.get("volumes") or [] if v.get("name") != VOLUME] + [volume]
     containers = []
     for container in spec.get("containers") or []:
         c = copy.deepcopy(container)
@@ -95,8 +109,56 @@ def injected_pod(pod: dict[str, Any], manifest: dict[str, Any], tuning: str) -> 
             c["volumeMounts"] = [*mounts, {"name": VOLUME, "mountPath": MOUNT_DIR, "readOnly": True}]
         containers.append(c)
     annotations = {ANNOTATION_DIGEST: manifest["digest"], ANNOTATION_TUNING: tuning}
-    return {"metadata": {"annotations": annotations},
-            "spec": {"volumes": volumes, "containers": containers}}
+    desired_spec: dict[str, Any] = {"volumes": volumes, "containers": containers}
+    if packed or init != (spec.get("initContainers") or []):  # plain plans: as before
+        desired_spec["initContainers"] = init
+    return {"metadata": {"annotations": annotations}, "spec": desired_spec}
+
+
+def _projected(name: str, items: list[dict[str, Any]], path_field: str) -> dict[str, Any]:
+    """The content ConfigMaps as one projected volume; each key at its item's `path_field`."""
+    by_cm: dict[str, list[dict[str, str]]] = {}
+    for item in items:
+        by_cm.setdefault(item["configMap"], []).append(
+            {"key": item["key"], "path": item[path_field]})
+    return {"name": name, "projected": {"defaultMode": 0o444, "sources": [
+        {"configMap": {"name": cm, "items": sorted(entries, key=lambda e: e["path"])}}
+        for cm, entries in sorted(by_cm.items())
+    ]}}
+
+
+def _unpack_container(spec: dict[str, Any], items: list[dict[str, Any]],
+                      cfg: OperatorConfig) -> dict[str, Any]:
+    security: dict[str, Any] = {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    # Training pods often run as root: then ours runs as the image's user. Otherwise leave the
+    # uid to the pod (or the platform, e.g. OpenShift's assigned range).
+    if (spec.get("securityContext") or {}).get("runAsUser") == 0:
+        security["runAsUser"] = UNPACK_UID
+    container = {
+        "name": UNPACK_CONTAINER,
+        "image": cfg.unpack_image or cfg.agent_image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": ["ccltune", "unpack", "--from", PACKED_DIR, "--to", MOUNT_DIR,
+                    "--items", index_arg(items)],
+        "resources": copy.deepcopy(cfg.unpack_resources),
+        "securityContext": security,
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # its one-line error in the status
+        "volumeMounts": [
+            {"name": PACKED_VOLUME, "mountPath": PACKED_DIR, "readOnly": True},
+            {"name": VOLUME, "mountPath": MOUNT_DIR},
+        ],
+    }
+    # Keep ours as the API server returned it (with its defaults) when nothing we set differs.
+    for have in spec.get("initContainers") or []:
+        if have.get("name") == UNPACK_CONTAINER and all(have.get(k) == v for k, v in container.items()):
+            return have
+    return container
 
 
 def changes(pod: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
