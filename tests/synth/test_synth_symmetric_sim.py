@@ -73,3 +73,37 @@ def test_asymmetric_fabric_falls_back() -> None:
     ring = ring_allgather(topo)
     sym = simulate(ring, topo, 1 << 20, engine="symmetric")
     assert sym.note == "the fabric is not symmetric"
+
+
+def _with_deps(arr, rows: dict[int, list[int]]):
+    """`arr` with the deps of the given transfers replaced."""
+    from dataclasses import replace
+
+    ptr, idx = arr.dep_ptr.tolist(), arr.dep_idx.tolist()
+    lists = [idx[ptr[i] : ptr[i + 1]] for i in range(len(arr))]
+    for i, deps in rows.items():
+        lists[i] = deps
+    new_ptr = np.zeros(len(arr) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in lists], out=new_ptr[1:])
+    new_idx = np.asarray([d for x in lists for d in x], dtype=np.int64)
+    return replace(arr, dep_ptr=new_ptr, dep_idx=new_idx)
+
+
+@pytest.mark.parametrize("change", ["extra", "missing", "moved"])
+def test_deps_that_do_not_translate_fall_back(change: str) -> None:
+    topo = load_preset("dgx-h100-2")
+    arr = _schedules(topo, "allgather")[0]
+    per_root = len(arr) // arr.nranks
+    ndeps = np.diff(arr.dep_ptr)
+    i = per_root * 3 + int(np.flatnonzero(ndeps[per_root * 3 : per_root * 4])[0])  # root 3
+    deps = arr.dep_idx[arr.dep_ptr[i] : arr.dep_ptr[i + 1]].tolist()
+    if change == "extra":
+        deps = sorted({*deps, i - 1})
+    elif change == "missing":
+        deps = deps[1:]
+    else:
+        deps = [d - 1 if d > per_root * 3 else d + 1 for d in deps]
+    bad = _with_deps(arr, {i: deps})
+    sym = simulate(bad, topo, 1 << 20, protocol_cost("Simple"), Router(topo), engine="symmetric")
+    assert sym.engine != "symmetric"
+    assert sym.note == "dependencies do not translate with the transfers"

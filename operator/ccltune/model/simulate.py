@@ -71,11 +71,26 @@ class SimResult:
     events: int  # flow starts + flow finishes processed
     transfers: int
     busiest: list[ChannelLoad]
-    start_us: np.ndarray = field(repr=False)  # per transfer: when its bytes began to flow
-    finish_us: np.ndarray = field(repr=False)  # per transfer: completion time
+    simulated_start: np.ndarray = field(repr=False)  # per simulated transfer
+    simulated_finish: np.ndarray = field(repr=False)
     engine: str = "heap"
     source: Source = Source.SIMULATED
     note: str = ""  # why the symmetric engine fell back to a full simulation
+    # symmetric engine: per transfer, its representative (expanded only when asked: a 512-rank
+    # schedule has millions of transfers and synthesis reads only time_us)
+    rep_of: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def start_us(self) -> np.ndarray:
+        """Per transfer: when its bytes began to flow."""
+        s = self.simulated_start
+        return s if self.rep_of is None else s[self.rep_of]
+
+    @property
+    def finish_us(self) -> np.ndarray:
+        """Per transfer: completion time."""
+        f = self.simulated_finish
+        return f if self.rep_of is None else f[self.rep_of]
 
 
 @dataclass(slots=True)
@@ -204,63 +219,94 @@ def _prepare_quotient(s: ScheduleArrays, q: Quotient, size_bytes: float,
 
 
 def _heap_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
-    """One event at a time; only flows sharing a channel with a changed flow are re-rated."""
+    """One event at a time, over classes of flows with the same resources.
+
+    Flows of one class always move at the same rate, so a class keeps its service so far
+    (bytes each of its flows has moved since the class began) and a heap of its flows by the
+    service at which each completes; only the class's first finish is an event. A start or
+    finish re-rates the classes sharing a resource with it, not their flows: on synthesized
+    schedules thousands of flows share a few orbit resources.
+    """
     n = p.n
-    res = [[r for r in row if r != p.pad] for row in p.res.T.tolist()]
+    rows = [tuple(r for r in row if r != p.pad) for row in p.res.T.tolist()]
+    class_of_res: dict[tuple[int, ...], int] = {}
+    cls = [class_of_res.setdefault(row, len(class_of_res)) for row in rows]
+    cres = list(class_of_res)
+    ncls = len(cres)
     cap = p.cap.tolist()
     alpha, nbytes = p.alpha.tolist(), p.nbytes.tolist()
     succ_ptr, succ_idx, succ_gap = p.succ_ptr.tolist(), p.succ_idx.tolist(), p.succ_gap.tolist()
     indeg = p.indeg.tolist()
     ready = alpha[:]
-    members: list[set[int]] = [set() for _ in range(len(cap))]
+    on_res: list[set[int]] = [set() for _ in range(len(cap))]  # active classes per resource
     nflows = [0] * len(cap)
-    remaining = nbytes[:]
-    rate = [0.0] * n
-    last = [0.0] * n
-    version = [0] * n
+    share = cap[:]  # cap / flows on it, kept current as flows come and go
+    rate = [0.0] * ncls
+    served = [0.0] * ncls  # service of the class up to `last`
+    last = [0.0] * ncls
+    version = [0] * ncls
+    queue: list[list[tuple[float, int]]] = [[] for _ in range(ncls)]  # (service at finish, tid)
     start = [np.nan] * n
     finish = [np.nan] * n
-    heap: list[tuple[float, int, int, int]] = []  # (time, kind 0=finish 1=start, tid, version)
+    # (time, kind 0=class finish 1=start, class or tid, version)
+    heap: list[tuple[float, int, int, int]] = []
     for t in range(n):
         if indeg[t] == 0:
             heap.append((alpha[t], 1, t, 0))
     heapq.heapify(heap)
     events = 0
 
-    def rerate(flows: set[int], now: float) -> None:
-        for f in flows:
-            r_old = rate[f]
-            if r_old > 0.0:
-                remaining[f] -= r_old * (now - last[f])
-            last[f] = now
-            r_new = min(cap[r] / nflows[r] for r in res[f])
-            rate[f] = r_new
-            version[f] += 1
-            heapq.heappush(heap, (now + max(remaining[f], 0.0) / r_new, 0, f, version[f]))
+    def rerate(classes: set[int], now: float) -> None:
+        for c in classes:
+            r_old = rate[c]
+            served[c] += r_old * (now - last[c])
+            last[c] = now
+            if not queue[c]:
+                rate[c] = 0.0
+                continue
+            r_new = min(map(share.__getitem__, cres[c]))
+            if r_new == r_old and c not in changed:
+                continue  # its pending finish event still holds
+            rate[c] = r_new
+            version[c] += 1
+            left = max(queue[c][0][0] - served[c], 0.0)
+            heapq.heappush(heap, (now + left / r_new, 0, c, version[c]))
 
+    changed: set[int] = set()  # classes whose first finish moved (a flow joined or left)
     while heap:
-        now, kind, t, ver = heapq.heappop(heap)
+        now, kind, x, ver = heapq.heappop(heap)
         if kind == 1:
+            t, c = x, cls[x]
             events += 1
             start[t] = now
-            touched = {t}
-            for r in res[t]:
-                touched |= members[r]
-                members[r].add(t)
+            touched = {c}
+            for r in cres[c]:
+                touched |= on_res[r]
+                on_res[r].add(c)
                 nflows[r] += 1
+                share[r] = cap[r] / nflows[r]
+            served[c] += rate[c] * (now - last[c])
+            last[c] = now
+            head = queue[c][0] if queue[c] else None
+            heapq.heappush(queue[c], (served[c] + nbytes[t], t))
+            changed = {c} if queue[c][0] != head else set()
             rerate(touched, now)
             continue
-        if ver != version[t]:
+        c = x
+        if ver != version[c]:
             continue  # superseded by a re-rate
         events += 1
+        _, t = heapq.heappop(queue[c])
         finish[t] = now
-        touched = set()
-        for r in res[t]:
-            members[r].discard(t)
+        touched = {c}
+        for r in cres[c]:
             nflows[r] -= 1
-            touched |= members[r]
-        if touched:
-            rerate(touched, now)
+            share[r] = cap[r] / nflows[r] if nflows[r] else cap[r]
+            if not queue[c]:
+                on_res[r].discard(c)
+            touched |= on_res[r]
+        changed = {c}
+        rerate(touched, now)
         for k in range(succ_ptr[t], succ_ptr[t + 1]):
             u = succ_idx[k]
             ready[u] = max(ready[u], now + succ_gap[k])
@@ -474,8 +520,8 @@ def simulate(
         events=events,
         transfers=p.n,
         busiest=_busiest(p, router, time_us, top_channels),
-        start_us=start,
-        finish_us=finish,
+        simulated_start=start,
+        simulated_finish=finish,
         engine=use,
         note=note,
     )
@@ -514,9 +560,10 @@ def _simulate_quotient(
         events=events * arrays.nranks,  # events the full simulation would have processed
         transfers=len(arrays),
         busiest=[],
-        start_us=start[q.rep_of],
-        finish_us=finish[q.rep_of],
+        simulated_start=start,
+        simulated_finish=finish,
         engine="symmetric",
+        rep_of=q.rep_of,
     )
 
 

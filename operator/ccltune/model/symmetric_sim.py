@@ -25,6 +25,7 @@ from .arrays import sorted_unique
 from .cost import ProtocolCost
 from .ir import ScheduleArrays
 from .routing import Router
+from .translations import Translations
 
 
 @dataclass(slots=True)
@@ -42,28 +43,7 @@ class Quotient:
     alpha_path: np.ndarray  # per representative: path latency (us)
 
 
-class _Group:
-    """Translations of mixed-radix coordinates (innermost dimension first)."""
-
-    def __init__(self, sizes: list[int]) -> None:
-        self.sizes = np.asarray(sizes, dtype=np.int64)
-        self.strides = np.concatenate([[1], np.cumprod(self.sizes)[:-1]]).astype(np.int64)
-        self.n = int(np.prod(self.sizes))
-
-    def coords(self, ranks: np.ndarray) -> np.ndarray:
-        return (ranks[..., None] // self.strides) % self.sizes
-
-    def rank(self, coords: np.ndarray) -> np.ndarray:
-        return (coords % self.sizes * self.strides).sum(axis=-1)
-
-    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return self.rank(self.coords(a) + self.coords(b))
-
-    def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return self.rank(self.coords(a) - self.coords(b))
-
-
-def _layout(s: ScheduleArrays, grp: _Group) -> tuple[np.ndarray, np.ndarray] | str:
+def _layout(s: ScheduleArrays, grp: Translations) -> tuple[np.ndarray, np.ndarray] | str:
     """(rep position, group element) per transfer for a layout of segments x N blocks."""
     n, big_n = len(s), grp.n
     for segs in (1, 2, 3):
@@ -92,22 +72,35 @@ def _layout(s: ScheduleArrays, grp: _Group) -> tuple[np.ndarray, np.ndarray] | s
 
 
 def _quotient_deps(
-    s: ScheduleArrays, rep: np.ndarray, elem: np.ndarray, nrep: int, grp: _Group
+    s: ScheduleArrays, rep: np.ndarray, elem: np.ndarray, nrep: int, grp: Translations
 ) -> tuple[np.ndarray, np.ndarray] | str:
     n = len(s)
     owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(s.dep_ptr))
     edges = sorted_unique(owner * n + s.dep_idx)  # one edge per (transfer, dep)
     owner, dep = edges // n, edges % n
-    delta = grp.sub(elem[dep], elem[owner])
-    keys = (rep[owner] * nrep + rep[dep]) * grp.n + delta
-    _, counts = np.unique(keys, return_counts=True)
-    if len(counts) and (counts != grp.n).any():
+    # Deps translate iff every transfer's deps, each seen from it as (representative, relative
+    # translation), are those of its representative's untranslated transfer (elem 0). Rows are
+    # compared sorted; the keys are nearly in order already, so the stable sort is cheap.
+    base = np.empty(nrep, dtype=np.int64)
+    at_zero = np.flatnonzero(elem == 0)
+    base[rep[at_zero]] = at_zero
+    ndeps = np.bincount(owner, minlength=n)
+    mirror = base[rep]
+    if not np.array_equal(ndeps, ndeps[mirror]):
+        return "dependencies do not translate with the transfers"
+    span = nrep * grp.n
+    desc = np.sort(owner * span + rep[dep] * grp.n + grp.sub(elem[dep], elem[owner]),
+                   kind="stable") % span  # fmt: skip
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(ndeps, out=ptr[1:])
+    at_mirror = ptr[mirror[owner]] + np.arange(len(owner), dtype=np.int64) - ptr[owner]
+    if not np.array_equal(desc, desc[at_mirror]):
         return "dependencies do not translate with the transfers"
     return owner, dep
 
 
 def _generator_map(
-    ukeys: np.ndarray, off: np.ndarray, chans: np.ndarray, lat: np.ndarray, grp: _Group,
+    ukeys: np.ndarray, off: np.ndarray, chans: np.ndarray, lat: np.ndarray, grp: Translations,
     step: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Channel -> channel under translation by `step`, if routes commute with it."""
@@ -131,11 +124,15 @@ def _generator_map(
 
 
 def _channel_orbits(
-    s: ScheduleArrays, router: Router, grp: _Group
+    s: ScheduleArrays, router: Router, grp: Translations
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Steps of the largest translation subgroup H the routes commute with, and for every pair
     the schedule uses: its key, path CSR, latency; channel orbit ids under H (-1 untouched)."""
-    ukeys = sorted_unique(s.src.astype(np.int64) * grp.n + s.dst)
+    pairs = s.src.astype(np.int64) * grp.n + s.dst
+    if grp.n <= 4096:  # a count per (src, dst) beats sorting millions of transfers
+        ukeys = np.flatnonzero(np.bincount(pairs, minlength=grp.n * grp.n))
+    else:
+        ukeys = sorted_unique(pairs)
     off, chans, lat = router.paths_csr(
         zip((ukeys // grp.n).tolist(), (ukeys % grp.n).tolist(), strict=True)
     )
@@ -222,7 +219,7 @@ def prepare_symmetric(
 def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router) -> _Structure | str:
     if topo.dimensions is None:
         return "the fabric is not symmetric"
-    grp = _Group([d.size for d in topo.dimensions])
+    grp = Translations([d.size for d in topo.dimensions])
     if grp.n != s.nranks or grp.n != router.nranks or len(s) == 0:
         return "the schedule does not span the whole fabric"
     if len(s.dep_idx) and ((s.dep_idx < 0) | (s.dep_idx >= len(s))).any():

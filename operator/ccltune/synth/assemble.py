@@ -19,6 +19,7 @@ from ..api.cluster import Dimension
 from ..api.common import Collective
 from ..model.arrays import sorted_unique
 from ..model.ir import ScheduleArrays
+from ..model.translations import Translations
 from .group import GroupTopo
 from .milp import SubDemand, SubSchedule
 from .sketch import Sketch, Stage
@@ -238,56 +239,68 @@ def allgather_root0(fab: Fabric, columns: list[Column], patterns: Patterns, piec
                     channels=min(len(blocks), MAX_CHANNELS))  # fmt: skip
 
 
-def translate_roots(fab: Fabric, one: ScheduleArrays, cpr: int) -> ScheduleArrays:
+def translate_roots(fab: Fabric, one: ScheduleArrays, cpr: int,
+                    window: int = FIFO_SLOTS) -> ScheduleArrays:  # fmt: skip
     """Root 0's transfers repeated for every root r, ranks moved by r's coordinates (root r's
-    block follows root r-1's, as a loop over roots would build it), then queued per connection
-    (`chain_connections`)."""
+    block follows root r-1's, as a loop over roots would build it), each transfer also waiting
+    for the one `window` places before it on its connection (src, dst).
+
+    That queue is NCCL's connection FIFO: every root's transfers on a connection in one queue,
+    ordered by their position in root 0's emission. The simulator lets the next step flow as
+    soon as its queue predecessor drains (no second latency), so a connection streams its queue
+    back to back instead of splitting its bandwidth over every root's flows at once. Root r's
+    transfer at position p rides (src0[p] + r, dst0[p] + r): a connection's queue holds the
+    positions whose dst0 - src0 is the connection's, one root each, so the queue is found on
+    root 0 and translated (no sort over N x transfers). The order is the same for every
+    translate (symmetric engine) and every edge raises the root-0 position: no cycle can form.
+    """
+    grp = Translations(fab.sizes)
     n, t = fab.nranks, len(one)
-    sizes = np.asarray(fab.sizes, dtype=np.int64)
-    strides = np.asarray(fab.strides, dtype=np.int64)
+    roots = np.arange(n, dtype=np.int64)[:, None]
+    src0, dst0 = one.src.astype(np.int64), one.dst.astype(np.int64)
+    edges0 = sorted_unique(np.repeat(np.arange(t, dtype=np.int64), np.diff(one.dep_ptr)) * t
+                           + one.dep_idx)  # fmt: skip
+    owner0, dep0 = edges0 // t, edges0 % t
+    ndeps = np.bincount(owner0, minlength=t)
+    ptr0 = np.zeros(t + 1, dtype=np.int64)
+    np.cumsum(ndeps, out=ptr0[1:])
 
-    def moved(ranks: np.ndarray) -> np.ndarray:
-        roots = np.arange(n, dtype=np.int64)[:, None, None]
-        c = (ranks[None, :, None] // strides) % sizes + (roots // strides) % sizes
-        return ((c % sizes) * strides).sum(axis=-1).reshape(-1)
+    # Queue predecessor `prev` on root 0's terms, on the root `shift` away from the transfer's.
+    delta = grp.sub(dst0, src0)
+    order = np.argsort(delta * t + np.arange(t), kind="stable")
+    same = delta[order[window:]] == delta[order[:-window]]
+    prev = np.full(t, -1, dtype=np.int64)
+    prev[order[window:][same]] = order[:-window][same]
+    queued = prev >= 0
+    shift = np.zeros(t, dtype=np.int64)
+    shift[queued] = grp.sub(src0[queued], src0[prev[queued]])
+    # Where the deps of p sort below prev (same root), and whether prev is one of them already.
+    key = np.arange(t, dtype=np.int64) * t + np.maximum(prev, 0)
+    at = np.searchsorted(edges0, key)
+    known = (shift == 0) & (at < ptr0[1:])
+    known[known] = edges0[at[known]] == key[known]
+    queued &= ~known
+    below = at - ptr0[:-1]
 
-    ndeps = np.diff(one.dep_ptr)
     ptr = np.zeros(n * t + 1, dtype=np.int64)
-    np.cumsum(np.tile(ndeps, n), out=ptr[1:])
-    idx = (np.tile(one.dep_idx, n)
-           + np.repeat(np.arange(n, dtype=np.int64) * t, len(one.dep_idx)))  # fmt: skip
+    np.cumsum(np.tile(ndeps + queued, n), out=ptr[1:])
+    pred_root = grp.add(np.broadcast_to(roots, (n, t)), shift[None, :])
+    # Rows stay sorted: the queue predecessor goes before, after or among the root's own deps.
+    k = np.where(pred_root < roots, 0, np.where(pred_root > roots, ndeps, below))
+    idx = np.empty(int(ptr[-1]), dtype=np.int64)
+    j = np.arange(len(dep0), dtype=np.int64) - ptr0[owner0]
+    rows = roots * t + owner0
+    idx[ptr[rows] + j + (queued[owner0] & (j >= k[:, owner0]))] = roots * t + dep0
+    q = np.flatnonzero(queued)
+    idx[ptr[roots * t + q] + k[:, q]] = pred_root[:, q] * t + prev[q]
+
     chunk = np.tile(one.chunk, n) + np.repeat(np.arange(n, dtype=np.int64) * cpr, t)
-    every = replace(
-        one, src=moved(one.src.astype(np.int64)).astype(np.int32),
-        dst=moved(one.dst.astype(np.int64)).astype(np.int32), chunk=chunk,
+    return replace(
+        one, src=grp.add(roots, src0).ravel().astype(np.int32),
+        dst=grp.add(roots, dst0).ravel().astype(np.int32), chunk=chunk,
         count=np.tile(one.count, n), reduce=np.tile(one.reduce, n),
         channel=np.tile(one.channel, n), dep_ptr=ptr, dep_idx=idx,
     )  # fmt: skip
-    return chain_connections(every, t)
-
-
-def chain_connections(s: ScheduleArrays, per_root: int, window: int = FIFO_SLOTS) -> ScheduleArrays:
-    """Each transfer also waits for the one `window` places before it on its connection (src,
-    dst), every root's transfers in one queue ordered by their position in root 0's emission.
-
-    That is NCCL's connection FIFO: the simulator lets the next step flow as soon as its queue
-    predecessor drains (no second latency), so a connection streams its queue back to back
-    instead of splitting its bandwidth over every root's flows at once. The order is the same
-    for every translate (symmetric engine) and every edge raises the root-0 position (a
-    connection's transfers at one position belong to one root), so no cycle can form.
-    """
-    n = len(s)
-    pos = np.arange(n, dtype=np.int64) % per_root
-    conn = s.src.astype(np.int64) * s.nranks + s.dst
-    order = np.argsort(conn * per_root + pos, kind="stable")  # one key sorts faster than lexsort
-    queued = np.zeros(n, dtype=bool)
-    queued[window:] = conn[order[window:]] == conn[order[:-window]]
-    owner, pred = order[queued], order[np.flatnonzero(queued) - window]
-    owners = np.concatenate([np.repeat(np.arange(n, dtype=np.int64), np.diff(s.dep_ptr)), owner])
-    edges = sorted_unique(owners * n + np.concatenate([s.dep_idx, pred]))
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(edges // n, minlength=n), out=ptr[1:])
-    return replace(s, dep_ptr=ptr, dep_idx=edges % n)
 
 
 def broadcast(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int, root: int,
