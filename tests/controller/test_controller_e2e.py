@@ -116,7 +116,8 @@ def test_example_reaches_ready_and_matches_offline(cluster: Cluster, operator: O
     conds = {c["type"]: c for c in status["conditions"]}
     assert conds["TopologyReady"]["status"] == "True"
     assert conds["Published"]["status"] == "True"
-    assert conds["Synthesized"]["reason"] == "NotRequested"
+    # The example asks for synthesis and tuning; 16 GPUs with 600 trials plan in a Job.
+    assert conds["Synthesized"]["reason"] == "Done" and conds["Tuned"]["reason"] == "Done"
     assert "(" in status["speedup"] and status["results"][0]["source"]
 
     expected = offline_manifests(offline)
@@ -127,6 +128,19 @@ def test_example_reaches_ready_and_matches_offline(cluster: Cluster, operator: O
 
     reasons = {e.get("reason") for e in cluster.list("v1", "events", ns)}
     assert {"NodeReportsComplete", "ConfigMapsPublished", "PlanPublished"} <= reasons
+
+    # The synthesized MSCCL files (MBs) were published packed: a training pod gets them
+    # through the unpack init container.
+    time.sleep(1)  # let the webhook's index see the status
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "train-0", "namespace": ns, "labels": dict(doc["spec"]["selector"]["matchLabels"])},
+           "spec": {"containers": [{"name": "train", "image": "pytorch"}]}}
+    import jsonpatch
+
+    mutated = jsonpatch.apply_patch(pod, json.loads(base64.b64decode(admit(operator, pod, ns)["patch"])))
+    assert [c["name"] for c in mutated["spec"]["initContainers"]] == ["ccltune-unpack"]
+    env = {e["name"]: e["value"] for e in mutated["spec"]["containers"][0]["env"]}
+    assert env["MSCCL_ALGO_DIR"] == "/etc/ccltune/msccl"
 
     ds = cluster.get("apps/v1", "daemonsets", daemonset.NAME, OPERATOR_NS)
     assert ds is not None

@@ -114,3 +114,37 @@ def test_needs_job_thresholds() -> None:
     assert "600 tuning trials" in (jobs.needs_job(tuned, cluster, 3, cfg) or "")
     small = load_config({"CCLTUNE_INPROCESS_MAX_GPUS": "16"})
     assert "32 GPUs" in (jobs.needs_job(plain, cluster, 1, small) or "")
+
+
+def test_big_results_are_spread_over_configmaps_and_read_back() -> None:
+    import os
+
+    import yaml
+
+    from ccltune.api.plan import Plan
+    from ccltune.publish.files import plan_file, with_files
+
+    # Incompressible content, so the gzipped plan needs several ConfigMaps.
+    noise = os.urandom(1_200_000).hex()
+    plan = with_files(Plan(name="p", cluster="c", world_size=16, nodes=2, tasks=[]),
+                      [plan_file("msccl/big.xml", noise), plan_file("nccl.conf", "A=1\n")])
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": "j", "uid": "u", "labels": {"a": "b"}}}
+    cms = jobs.result_configmaps("r", plan, "ccltune-system", job)
+    assert len(cms) >= 3 and cms[-1]["metadata"]["name"] == "r"  # the main one is written last
+    for cm in cms:
+        kubernetes_validate.validate(cm, K8S, strict=True)
+        assert len(yaml.safe_dump(cm).encode()) < 1024 * 1024
+        assert cm["metadata"]["ownerReferences"][0]["uid"] == "u"
+    main = cms[-1]
+    names = jobs.result_part_names(main)
+    assert names == [cm["metadata"]["name"] for cm in cms[:-1]]
+    by_name = {cm["metadata"]["name"]: cm for cm in cms}
+    assert Plan.model_validate(jobs.read_result(main, [by_name[n] for n in names])) == plan
+    with pytest.raises(ValueError, match="r-1"):
+        jobs.read_result(main, [None, *[by_name[n] for n in names[1:]]])
+    # A small plan and an error stay in one ConfigMap.
+    small = with_files(Plan(name="p", cluster="c", world_size=1, nodes=1, tasks=[]), [])
+    assert len(jobs.result_configmaps("r", small, "ns", None)) == 1
+    err = jobs.result_configmaps("r", None, "ns", None, error="boom")
+    assert err[0]["data"] == {jobs.ERROR_KEY: "boom"} and jobs.result_part_names(err[0]) == []

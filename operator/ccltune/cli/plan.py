@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 import yaml
+from rich import box
 from rich.table import Table
 
 from ..api.ccltuning import CCLTuningSpec
@@ -72,28 +73,31 @@ def _write(out: Path, files: list[PlanFile], manifests: list[dict[str, Any]]) ->
 
 def _print_task(task: PlanTask) -> None:
     key = task.key
+    # Fits 80 columns without cutting numbers; algbw and the full labels are in report.md.
     table = Table(
         title=f"{key.collective} · {key.role} · {key.ranks} ranks / {key.nodes} node(s)",
         title_justify="left",
+        caption="time per call in µs; busbw and its bound in GB/s (nccl-tests' busbw)",
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        collapse_padding=True,
+        pad_edge=False,
     )
-    for col in (
-        "size",
-        "choice",
-        "time µs",
-        "algbw GB/s",
-        "busbw GB/s",
-        "bound busbw",
-        "% of bound",
-        "vs default",
-    ):
-        table.add_column(col, justify="left" if col == "choice" else "right")
-    table.add_column("source", no_wrap=True, min_width=9)
-    for r in task_rows(task):
+    for col in ("size", "choice", "time", "busbw", "bound", "% bound", "vs NCCL", "source"):
+        table.add_column(col, justify="left" if col in ("choice", "source") else "right",
+                         no_wrap=True)  # fmt: skip
+    # A synthesized schedule's label is long: the table names it by file, a legend follows.
+    legend: dict[str, str] = {}
+    for r, est in zip(task_rows(task), task.chosen_estimates, strict=True):
+        choice = r.choice
+        if est.choice is not None and est.choice.kind == "msccl" and est.choice.msccl_file:
+            tag = legend.setdefault(est.choice.msccl_file, f"msccl#{len(legend) + 1}")
+            choice = f"{tag}/{est.choice.protocol}"
         table.add_row(
             format_size(r.size),
-            r.choice,
+            choice,
             f"{r.time_us:.2f}",
-            f"{r.algbw_gbps:.2f}",
             f"{r.busbw_gbps:.2f}",
             "" if r.bound_busbw_gbps is None else f"{r.bound_busbw_gbps:.2f}",
             "" if r.pct_of_bound is None else f"{r.pct_of_bound:.0f}%",
@@ -101,6 +105,10 @@ def _print_task(task: PlanTask) -> None:
             r.source,
         )
     console.print(table)
+    labels = {e.choice.msccl_file: e.choice.algorithm for e in task.chosen_estimates
+              if e.choice is not None and e.choice.msccl_file}  # fmt: skip
+    for path, tag in legend.items():
+        console.print(f"  {tag} = {path}: {labels[path]}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -25,6 +25,8 @@ LABEL_ROLE = f"{API_GROUP}/job-role"
 LABEL_TUNING_UID = f"{API_GROUP}/tuning-uid"
 INPUT_KEY = "input.json"
 RESULT_KEY = "plan.json.gz"
+PARTS_KEY = "parts"
+RESULT_PART_BYTES = 768 * 1024  # base64 characters per result ConfigMap (multiple of 4)
 ERROR_KEY = "error.txt"
 PLANJOB_MODULE = "ccltune.controller.planjob"
 # Bumped when the plan-job wire format changes, so old results are never reused.
@@ -135,21 +137,56 @@ def owner_ref(obj: dict[str, Any], *, controller: bool = True) -> dict[str, Any]
             "uid": meta.get("uid", ""), "controller": controller, "blockOwnerDeletion": True}
 
 
-def result_configmap(name: str, plan: Plan | None, namespace: str, job: dict[str, Any] | None,
-                     *, error: str | None = None) -> dict[str, Any]:
-    """The Job's output: the Plan (gzipped JSON) or, when planning failed, the error text."""
+def result_configmaps(name: str, plan: Plan | None, namespace: str, job: dict[str, Any] | None,
+                      *, error: str | None = None) -> list[dict[str, Any]]:
+    """The Job's output: the Plan (gzipped JSON) or, when planning failed, the error text.
+
+    A plan with synthesized MSCCL files can pass 1 MiB even gzipped (16 GPUs: 38 MB of JSON,
+    1.9 MB gzipped), so the packed plan is cut into RESULT_PART_BYTES pieces: `name` holds the
+    first and the count, `name-1`, `name-2`... the rest. Write them in list order: `name` comes
+    last, so once it exists the whole result does.
+    """
     labels = dict((job or {}).get("metadata", {}).get("labels") or {})
     labels[LABEL_ROLE] = "result"
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
-    if job is not None:
-        meta["ownerReferences"] = [owner_ref(job)]
-    body: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "immutable": True}
-    if plan is not None:
-        packed = base64.b64encode(gzip.compress(plan.model_dump_json(by_alias=True).encode(), mtime=0))
-        body["binaryData"] = {RESULT_KEY: packed.decode()}
-    else:
-        body["data"] = {ERROR_KEY: (error or "plan job failed")[:4000]}
-    return body
+
+    def configmap(cm_name: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": cm_name, "namespace": namespace, "labels": labels}
+        if job is not None:
+            meta["ownerReferences"] = [owner_ref(job)]
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "immutable": True}
+
+    main = configmap(name)
+    if plan is None:
+        main["data"] = {ERROR_KEY: (error or "plan job failed")[:4000]}
+        return [main]
+    packed = base64.b64encode(
+        gzip.compress(plan.model_dump_json(by_alias=True).encode(), mtime=0)
+    ).decode()
+    pieces = [packed[i : i + RESULT_PART_BYTES] for i in range(0, len(packed), RESULT_PART_BYTES)]
+    rest = []
+    for index, piece in enumerate(pieces[1:], start=1):
+        part = configmap(f"{name}-{index}")
+        part["binaryData"] = {RESULT_KEY: piece}
+        rest.append(part)
+    main["binaryData"] = {RESULT_KEY: pieces[0]}
+    main["data"] = {PARTS_KEY: str(len(pieces))}
+    return [*rest, main]
+
+
+def result_part_names(main: dict[str, Any]) -> list[str]:
+    """The other ConfigMaps a result is spread over (none for a one-part result)."""
+    parts = int((main.get("data") or {}).get(PARTS_KEY, "1"))
+    return [f"{main['metadata']['name']}-{i}" for i in range(1, parts)]
+
+
+def read_result(main: dict[str, Any], parts: list[dict[str, Any] | None]) -> Any:
+    """The Plan JSON from the result ConfigMaps (`parts` in result_part_names order)."""
+    names = result_part_names(main)
+    missing = [n for n, cm in zip(names, parts, strict=True) if cm is None]
+    if missing:
+        raise ValueError(f"result part(s) missing: {', '.join(missing)}")
+    pieces = [(cm.get("binaryData") or {}).get(RESULT_KEY, "") for cm in [main, *parts] if cm]
+    return json.loads(gzip.decompress(base64.b64decode("".join(pieces))))
 
 
 def read_payload(cm: dict[str, Any], key: str) -> Any:

@@ -2,7 +2,7 @@
 --output CM [--job NAME]`.
 
 Reads the plan input (spec, ClusterTopology, name) from the input ConfigMap, runs the same
-`build_plan` as `ccltune plan`, and writes the Plan to the output ConfigMap (owned by the Job).
+`build_plan` as `ccltune plan`, and writes the Plan to the output ConfigMap(s) (owned by the Job; jobs.result_configmaps).
 On a planning error it writes `error.txt` there instead and exits 1, so the operator can put the
 pipeline's own message into the CCLTuning's condition.
 """
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from ..api.ccltuning import CCLTuningSpec
 from ..api.cluster import ClusterTopology
 from ..api.errors import one_line
-from .jobs import INPUT_KEY, read_payload, result_configmap
+from .jobs import INPUT_KEY, read_payload, result_configmaps
 from .kube import ApiError, KubeClient, connection_from_env
 
 
@@ -41,8 +41,13 @@ async def run(namespace: str, input_cm: str, output_cm: str, job_name: str | Non
             return await _fail(client, output_cm, namespace, job, f"bad plan input: {one_line(exc)}")
         except Exception as exc:  # the pipeline's error goes to the CCLTuning, not a traceback
             return await _fail(client, output_cm, namespace, job, f"{type(exc).__name__}: {exc}")
-        body = result_configmap(output_cm, plan, namespace, job)
-        await _write(client, body, namespace)
+        try:
+            for body in result_configmaps(output_cm, plan, namespace, job):
+                await _write(client, body, namespace)
+        except ApiError as exc:
+            print(f"plan-job: cannot write the result {namespace}/{output_cm}: {exc}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
         print(f"plan-job: wrote {namespace}/{output_cm} (plan digest {plan.digest[:12]})")
         return 0
     finally:
@@ -59,7 +64,8 @@ async def _write(client: KubeClient, body: dict, namespace: str) -> None:
 
 async def _fail(client: KubeClient, name: str, namespace: str, job: dict | None, message: str) -> int:
     print(f"plan-job: {message}", file=sys.stderr)
-    await _write(client, result_configmap(name, None, namespace, job, error=message), namespace)
+    for body in result_configmaps(name, None, namespace, job, error=message):
+        await _write(client, body, namespace)
     return 1
 
 

@@ -350,8 +350,17 @@ async def _plan_in_job(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, 
             metrics.JOBS.labels("failed").inc()
             _plan_failed(book, spec, "PlanJobFailed", f"Job {jns}/{names.job}: {error}")
             raise Stop(error)
+        parts = [await ctx.client.get("v1", "configmaps", part, jns)
+                 for part in jobs.result_part_names(result)]  # fmt: skip
+        try:
+            plan = Plan.model_validate(jobs.read_result(result, parts))
+        except (ValueError, OSError, EOFError) as exc:  # a part deleted by hand, or corrupt
+            why = one_line(exc) if isinstance(exc, ValidationError) else str(exc)
+            text = f"Job {jns}/{names.job}: unreadable result {names.result}: {why}"
+            _plan_failed(book, spec, "PlanJobNoResult", text)
+            raise Stop(text) from None
         metrics.JOBS.labels("succeeded").inc()
-        return Plan.model_validate(jobs.read_payload(result, jobs.RESULT_KEY))
+        return plan
     job = await ctx.client.get("batch/v1", "jobs", names.job, jns)
     if job is None:
         uid = meta.get("uid", "")
@@ -446,7 +455,8 @@ async def _publish(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, plan
 
 def _outcome_conditions(book: StatusBook, spec: CCLTuningSpec, plan: Plan) -> None:
     notes = " ".join(plan.notes)
-    msccl = sum(1 for t in plan.tasks if t.chosen.kind == "msccl")
+    msccl = sum(1 for t in plan.tasks if t.chosen.kind == "msccl" or any(
+        e.choice is not None and e.choice.kind == "msccl" for e in t.chosen_estimates))
     tuned = sum(1 for t in plan.tasks if t.trials)
     for ctype, enabled, count, word in (
         ("Synthesized", spec.synthesis.enabled, msccl, "synthesis"),

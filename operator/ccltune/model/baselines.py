@@ -39,6 +39,7 @@ from ..api.cluster import ClusterTopology, DeviceKind, LinkKind
 from ..api.common import Collective
 from .cost import NCCL_STEPS
 from .ir import Schedule, ScheduleArrays
+from .translations import Translations
 
 IN_FLIGHT = NCCL_STEPS // (NCCL_STEPS // 2)  # chunks in flight per connection (see above)
 
@@ -441,17 +442,27 @@ def ring_broadcast(
 def direct_alltoall(
     topo: ClusterTopology, *, chunks: int = 1, channels: int = 1, in_flight: int = 0
 ) -> ScheduleArrays:
-    """NCCL alltoall: every rank sends its block for peer d straight to d (rank+i order)."""
+    """NCCL alltoall: every rank sends its block for peer d straight to d.
+
+    NCCL posts the sends in rank+i order; nothing orders them but the connection slots, so on a
+    symmetric fabric they are emitted as translates of rank 0's sends instead (peer s + i in the
+    fabric's coordinates), which the symmetric simulator runs one orbit at a time. The set of
+    transfers, and every per-connection queue, is the same either way.
+    """
     _check_params(chunks, channels)
     n = topo.world_size
     c = chunks * channels
     b = _Builder(in_flight)
+    sym = Translations([d.size for d in topo.dimensions]) if topo.dimensions else None
+    ranks = np.arange(n, dtype=np.int64)
     for j in range(c):
         ch = j % channels
-        for i in range(1, n):
-            for s in range(n):
-                d = (s + i) % n
-                b.add(s, d, (s * n + d) * c + j, channel=ch)
+        if sym is not None and sym.n == n:
+            pairs = [(s, int(d)) for s in range(n) for d in sym.add(np.full(n - 1, s), ranks[1:]).tolist()]
+        else:
+            pairs = [(s, (s + i) % n) for i in range(1, n) for s in range(n)]
+        for s, d in pairs:
+            b.add(s, d, (s * n + d) * c + j, channel=ch)
     return b.arrays(f"nccl-direct-alltoall-{channels}ch-{chunks}c", Collective.ALLTOALL, n, c,
                     channels=channels)  # fmt: skip
 

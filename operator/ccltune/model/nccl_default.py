@@ -52,7 +52,7 @@ from .cost import (
     tree_correction,
 )
 from .routing import Router
-from .simulate import Engine, simulate
+from .simulate import simulate
 
 P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD default, bytes per peer
 
@@ -320,9 +320,13 @@ def default_estimate(
     )
     sched = nccl_schedule_arrays(coll, sched_algo, topo, chunks=chunks, channels=sim_channels)
     cost = protocol_cost(proto, link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)
-    # alltoall runs every flow at once: the batched engine handles that contention far faster.
-    engine: Engine = "batch" if coll == Collective.ALLTOALL else "auto"
-    res = simulate(sched, topo, size_bytes, cost, router, engine=engine)
+    # alltoall runs every flow at once: on a symmetric fabric one orbit per flow class is
+    # simulated (direct_alltoall emits translates); else the batched engine handles that
+    # contention far faster than the heap.
+    if coll == Collective.ALLTOALL:
+        res = simulate(sched, topo, size_bytes, cost, router, engine="symmetric", fallback="batch")
+    else:
+        res = simulate(sched, topo, size_bytes, cost, router)
     t = max(res.time_us, 1e-9)
     bound_us = pct = None
     if with_bound:

@@ -489,8 +489,11 @@ def simulate(
     *,
     engine: Engine = "auto",
     top_channels: int = 5,
+    fallback: Engine = "auto",
 ) -> SimResult:
-    """Completion time of `schedule` moving `size_bytes` (nccl-tests' size) on `topo`."""
+    """Completion time of `schedule` moving `size_bytes` (nccl-tests' size) on `topo`.
+
+    `fallback` is the engine used when `engine="symmetric"` does not apply (see `note`)."""
     arrays = (
         schedule if isinstance(schedule, ScheduleArrays) else ScheduleArrays.from_schedule(schedule)
     )
@@ -505,7 +508,7 @@ def simulate(
         q = prepare_symmetric(arrays, topo, router, protocol)
         if not isinstance(q, str):
             return _simulate_quotient(arrays, q, size_bytes, protocol)
-        note, engine = q, "auto"
+        note, engine = q, ("auto" if fallback == "symmetric" else fallback)
     p = _prepare(arrays, router, size_bytes, protocol)
     use = engine if engine != "auto" else ("batch" if p.n >= _AUTO_BATCH_MIN else "heap")
     start, finish, events = _run(p, use)

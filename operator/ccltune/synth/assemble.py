@@ -63,7 +63,7 @@ class Builder:
         # at a time, as NCCL's connection FIFO does: stage 2 of piece j overlaps stage 1 of later
         # pieces instead of all pieces sharing the link and arriving together (the simulator
         # overlaps a queued step's latency). Symmetric collectives queue per connection over
-        # all roots instead (`chain_connections`).
+        # all roots instead (`translate_roots`).
         self.last: dict[tuple[int, int, int], list[int]] = {}
         self.src: list[int] = []
         self.dst: list[int] = []
@@ -170,7 +170,7 @@ def broadcast_trees(
     Emission order is the order of each connection's FIFO: stage-major puts every block's first
     hop ahead of later hops on a shared connection, so a rail that starts one sketch is not
     queued behind the rail hops that end another (dimension-order mixes). `stream=False` leaves
-    the FIFO to `chain_connections` (all roots' transfers on a connection in one queue).
+    the FIFO to `translate_roots` (all roots' transfers on a connection in one queue).
     """
     arrivals: list[dict[tuple[int, int], int]] = [{} for _ in trees]
     actives = [[root] for _ in trees]
