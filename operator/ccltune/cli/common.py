@@ -12,12 +12,24 @@ from typing import Any, NoReturn
 import typer
 import yaml
 from pydantic import ValidationError
+from rich import box
 from rich.console import Console
+from rich.table import Table
 
 from ..api.errors import one_line
 
 console = Console()
 err_console = Console(stderr=True)
+
+def size_table(title: str, columns: list[str], caption: str) -> Table:
+    """Per-size results that fit 80 columns without cutting numbers (no wrapping, no edges)."""
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
+                  box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, pad_edge=False)  # fmt: skip
+    for col in columns:
+        left = col in ("choice", "source")
+        table.add_column(col, justify="left" if left else "right", no_wrap=True)
+    return table
+
 
 # Exit codes: 2 = the user's input is wrong, 3 = ccltune failed (a bug: please report it).
 EXIT_INPUT = 2

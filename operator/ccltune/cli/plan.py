@@ -7,8 +7,6 @@ from typing import Any
 
 import typer
 import yaml
-from rich import box
-from rich.table import Table
 
 from ..api.ccltuning import CCLTuningSpec
 from ..api.common import format_size
@@ -18,7 +16,7 @@ from ..publish.configmaps import render_configmaps
 from ..publish.report import task_rows
 from ..topology.export import describe
 from ..topology.load import load_cluster
-from .common import ccltuning_document, console, user_errors
+from .common import ccltuning_document, console, size_table, user_errors
 
 
 def plan(
@@ -73,20 +71,12 @@ def _write(out: Path, files: list[PlanFile], manifests: list[dict[str, Any]]) ->
 
 def _print_task(task: PlanTask) -> None:
     key = task.key
-    # Fits 80 columns without cutting numbers; algbw and the full labels are in report.md.
-    table = Table(
-        title=f"{key.collective} · {key.role} · {key.ranks} ranks / {key.nodes} node(s)",
-        title_justify="left",
-        caption="time per call in µs; busbw and its bound in GB/s (nccl-tests' busbw)",
-        caption_justify="left",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        collapse_padding=True,
-        pad_edge=False,
+    # algbw and the full labels are in report.md.
+    table = size_table(
+        f"{key.collective} · {key.role} · {key.ranks} ranks / {key.nodes} node(s)",
+        ["size", "choice", "time", "busbw", "bound", "% bound", "vs NCCL", "source"],
+        "time per call in µs; busbw and its bound in GB/s (nccl-tests' busbw)",
     )
-    for col in ("size", "choice", "time", "busbw", "bound", "% bound", "vs NCCL", "source"):
-        table.add_column(col, justify="left" if col in ("choice", "source") else "right",
-                         no_wrap=True)  # fmt: skip
     # A synthesized schedule's label is long: the table names it by file, a legend follows.
     legend: dict[str, str] = {}
     for r, est in zip(task_rows(task), task.chosen_estimates, strict=True):

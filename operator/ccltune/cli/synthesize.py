@@ -11,7 +11,7 @@ from rich.table import Table
 from ..api.common import Collective, format_size, parse_size
 from ..synth.engine import SynthesisResult, synthesize
 from ..topology.load import load_cluster
-from .common import console, fail, user_errors
+from .common import console, fail, size_table, user_errors
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -32,14 +32,19 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def _table(res: SynthesisResult) -> Table:
-    t = Table(title=f"{res.collective.value} on {res.cluster} ({res.nranks} ranks)")
-    for col in ("size", "chosen", "proto", "time us", "NCCL default us", "bound us", "busbw GB/s",
-                "% of bound", "vs NCCL", "source"):  # fmt: skip
-        t.add_column(col, justify="left" if col in ("chosen", "proto", "source") else "right")
+    """Synthesized choices as range tags (#1, #2...): the ranges and their labels follow."""
+    t = size_table(
+        f"{res.collective.value} on {res.cluster} ({res.nranks} ranks)",
+        ["size", "choice", "time", "NCCL", "busbw", "% bound", "vs NCCL", "source"],
+        "times in µs per call (NCCL = its default choice, same simulator); busbw in GB/s",
+    )
+    tag = {id(sr): f"#{i}/{rr.protocol}" for i, rr in enumerate(res.ranges, start=1)
+           if rr.kind == "msccl" for sr in rr.sizes}  # fmt: skip
     for s in res.sizes:
+        choice = tag.get(id(s), s.chosen.removeprefix("nccl:"))
         t.add_row(
-            format_size(s.size_bytes), s.chosen, s.protocol, f"{s.estimate.time_us:.1f}",
-            f"{s.default.time_us:.1f}", f"{s.bound_us:.1f}", f"{s.estimate.busbw_gbps:.1f}",
+            format_size(s.size_bytes), choice, f"{s.estimate.time_us:.1f}",
+            f"{s.default.time_us:.1f}", f"{s.estimate.busbw_gbps:.1f}",
             f"{s.estimate.pct_of_bound or 0:.0f}%", f"{s.default.time_us / s.estimate.time_us:.2f}x",
             f"{s.estimate.source}",
         )  # fmt: skip
@@ -93,11 +98,12 @@ def synthesize_cmd(
         console.print(f"sketches: {st.raw} raw -> {st.after_relay_bound} with bounded relays -> "
                       f"{st.kept} after isomorphism pruning", highlight=False)  # fmt: skip
     console.print(_table(res))
-    for rr in res.ranges:
+    for i, rr in enumerate(res.ranges, start=1):
         hi = "inf" if rr.max_bytes == 0 else format_size(rr.max_bytes + 1)
         where = rr.xml_file or "NCCL (no file)"
-        console.print(f"  {format_size(max(rr.min_bytes, 1))}..{hi}: {rr.label} {rr.protocol} -> {where}",
-                      highlight=False)  # fmt: skip
+        name = f"#{i} " if rr.kind == "msccl" else ""
+        console.print(f"  {name}{format_size(max(rr.min_bytes, 1))}..{hi}: {rr.label} {rr.protocol}"
+                      f" -> {where}", highlight=False)  # fmt: skip
     for note in res.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"synthesis took {res.timings.get('total_s', 0):.1f} s; every time above is "
