@@ -1,7 +1,8 @@
 """Apply a Plan's ConfigMaps: content first, pointer last, then prune older generations.
 
 Content ConfigMaps are immutable and named by the plan digest, so re-applying the same plan is a
-no-op (409 on create) and a restarted operator writes exactly the same objects.
+no-op (409 on create; a namesake holding other bytes is replaced) and a restarted operator writes
+exactly the same objects.
 """
 
 from __future__ import annotations
@@ -28,8 +29,15 @@ async def apply_configmaps(client: KubeClient, manifests: list[dict[str, Any]], 
         try:
             await client.create("v1", "configmaps", cm, namespace)
         except ApiError as exc:
-            if exc.status != 409:  # already there: same name means same digest, same content
+            if exc.status != 409:
                 raise
+            # Same name means the same plain files, but another zlib may pack them into other
+            # bytes or parts: an immutable ConfigMap that differs is replaced, not trusted.
+            name = cm["metadata"]["name"]
+            have = await client.get("v1", "configmaps", name, namespace) or {}
+            if any((have.get(f) or {}) != (cm.get(f) or {}) for f in ("data", "binaryData")):
+                await client.delete("v1", "configmaps", name, namespace)
+                await client.create("v1", "configmaps", cm, namespace)
     # The pointer moves only now that its generation is complete.
     current = await client.get("v1", "configmaps", pointer["metadata"]["name"], namespace)
     if current is None:
