@@ -35,8 +35,9 @@ def _table(res: SynthesisResult) -> Table:
     """Synthesized choices as range tags (#1, #2...): the ranges and their labels follow."""
     t = size_table(
         f"{res.collective.value} on {res.cluster} ({res.nranks} ranks)",
-        ["size", "choice", "time", "NCCL", "busbw", "% bound", "vs NCCL", "source"],
-        "times in µs per call (NCCL = its default choice, same simulator); busbw in GB/s",
+        ["size", "choice", "time", "NCCL", "bound", "busbw", "% bound", "vs NCCL", "source"],
+        "µs per call: time (chosen), NCCL (its default choice, same simulator), bound "
+        "(analytic lower bound); busbw of the chosen schedule in GB/s",
     )
     tag = {id(sr): f"#{i}/{rr.protocol}" for i, rr in enumerate(res.ranges, start=1)
            if rr.kind == "msccl" for sr in rr.sizes}  # fmt: skip
@@ -44,7 +45,7 @@ def _table(res: SynthesisResult) -> Table:
         choice = tag.get(id(s), s.chosen.removeprefix("nccl:"))
         t.add_row(
             format_size(s.size_bytes), choice, f"{s.estimate.time_us:.1f}",
-            f"{s.default.time_us:.1f}", f"{s.estimate.busbw_gbps:.1f}",
+            f"{s.default.time_us:.1f}", f"{s.bound_us:.1f}", f"{s.estimate.busbw_gbps:.1f}",
             f"{s.estimate.pct_of_bound or 0:.0f}%", f"{s.default.time_us / s.estimate.time_us:.2f}x",
             f"{s.estimate.source}",
         )  # fmt: skip
