@@ -255,6 +255,7 @@ def _heap_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
             heap.append((alpha[t], 1, t, 0))
     heapq.heapify(heap)
     events = 0
+    changed: set[int] = set()  # classes whose first finish moved (a flow joined or left)
 
     def rerate(classes: set[int], now: float) -> None:
         for c in classes:
@@ -272,7 +273,6 @@ def _heap_engine(p: _Prepared) -> tuple[np.ndarray, np.ndarray, int]:
             left = max(queue[c][0][0] - served[c], 0.0)
             heapq.heappush(heap, (now + left / r_new, 0, c, version[c]))
 
-    changed: set[int] = set()  # classes whose first finish moved (a flow joined or left)
     while heap:
         now, kind, x, ver = heapq.heappop(heap)
         if kind == 1:
