@@ -97,9 +97,15 @@ class TuningOptions(WireModel):
     seed: Annotated[int, Field(ge=0)] = 0
 
 
+# Which runtime the job's image runs: stock NCCL, Azure's msccl-executor-nccl (NCCL 2.23.4 under
+# it), or RCCL with its built-in MSCCL. Files and claims follow what that runtime really does.
+Runtime = Literal["nccl", "msccl", "rccl"]
+
+
 class PublishOptions(WireModel):
     config_map_name: Name | None = None
     inject: bool = True
+    runtime: Runtime = "nccl"
     nccl_version: Annotated[str, Field(max_length=16, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")] = (
         "2.24"
     )

@@ -34,6 +34,9 @@ class Choice(WireModel):
     threads: Annotated[int, Field(ge=1)] | None = None
     chunk_bytes: Annotated[int, Field(ge=1)] | None = None
     msccl_file: str | None = None
+    # What makes the runtime do this, for the report: "NCCL default", "tuner row 12",
+    # "msccl/<file>.xml", "nccl.conf". None: not yet known.
+    realized_by: str | None = None
 
     def describe(self) -> str:
         if self.kind == "msccl":
