@@ -4,6 +4,16 @@
 # The base is pinned to an exact patch release; CI may pin its digest on top
 # (python:3.11.14-slim-bookworm@sha256:...) when it pushes.
 
+# ccltune's NCCL tuner plugin (nccl-plugin/): C11 and libc only, so Debian's gcc suffices (no
+# CUDA). The webhook's init container copies it from /opt/ccltune/nccl into training pods.
+FROM python:3.11.14-slim-bookworm AS plugin
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev make \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY nccl-plugin ./nccl-plugin
+RUN make -C nccl-plugin OUT=/out
+
 FROM python:3.11.14-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -24,6 +34,7 @@ LABEL org.opencontainers.image.title="ccltune" \
       org.opencontainers.image.source="https://github.com/ccltune/ccltune" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/ccltune /opt/ccltune
+COPY --from=plugin /out/libccltune-tuner.so /opt/ccltune/nccl/libccltune-tuner.so
 ENV PATH=/opt/ccltune/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

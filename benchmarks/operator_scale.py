@@ -1,6 +1,7 @@
 """Operator at scale on the KMock emulator: N NodeTopology objects, M CCLTunings.
 
     .venv/bin/python benchmarks/operator_scale.py [--nodes 1000] [--tunings 50] [--nodes-per-tuning 16]
+        [--oversized]
 
 Starts the emulator (tests/controller/ctl_harness.py), creates N GPU Nodes and one NodeTopology per
 node (the harness writes them from one recorded probe, renamed per node, as N agents would; running
@@ -8,6 +9,12 @@ node (the harness writes them from one recorded probe, renamed per node, as N ag
 CCLTunings each pinned to its own slice of nodes, and measures wall time until every CCLTuning is
 Ready=True and the operator process's peak RSS (VmHWM from /proc/<pid>/status). All planning runs
 in-process (simulated numbers; no Jobs). Prints a Markdown table.
+
+--oversized adds, before the others, one more tenant's spec of the size that used to stall every
+other tenant (issue 17: 20 collectives x 1K..16G x 31 tuning trials, on its own 16 nodes): its
+estimate sends it to a plan Job. The harness holds Jobs pending (on a real cluster the Job runs
+on another node; here it would share this machine's cores), and the table says what state the
+oversized spec was in when the other tunings were all Ready.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ def main() -> None:
     parser.add_argument("--nodes-per-tuning", type=int, default=16)
     parser.add_argument("--max-bytes", default="256K", help="allreduce size range is 64K..this")
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--oversized", action="store_true", help="add one issue-17-sized spec first")
     args = parser.parse_args()
 
     base = probe("template", FIXTURE / "sysfs", ReplayNvml(FIXTURE / "nvml.json")).spec
@@ -82,6 +90,15 @@ def main() -> None:
             time.sleep(3)  # operator startup, not counted
             t1 = time.monotonic()
             per = args.nodes_per_tuning
+            if args.oversized:
+                c.kubelet.hold = True
+                ops = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast")
+                c.create({"apiVersion": GV, "kind": "CCLTuning",
+                          "metadata": {"name": "oversized", "namespace": "team-big"},
+                          "spec": {"nodes": {"names": [f"gpu-{k:04d}" for k in range(per)]},
+                                   "tuning": {"enabled": True, "budget": 31},
+                                   "collectives": [{"op": op, "minBytes": "1K", "maxBytes": "16G", "ranks": r}
+                                                   for op in ops for r in (128, 64, 32, 16)]}})
             for j in range(args.tunings):
                 names = [f"gpu-{(j * per + k) % args.nodes:04d}" for k in range(per)]
                 c.create({"apiVersion": GV, "kind": "CCLTuning",
@@ -94,9 +111,17 @@ def main() -> None:
             def ready() -> int:
                 n = 0
                 for t in c.list(GV, "ccltunings"):
+                    if t["metadata"]["name"] == "oversized":
+                        continue
                     conds = (t.get("status") or {}).get("conditions") or []
                     n += any(x["type"] == "Ready" and x["status"] == "True" for x in conds)
                 return n
+
+            def oversized_state() -> str:
+                t = c.get(GV, "ccltunings", "oversized", "team-big") or {}
+                conds = {x["type"]: x for x in (t.get("status") or {}).get("conditions") or []}
+                ready = conds.get("Ready") or {}
+                return f"{ready.get('status', '?')} {ready.get('reason', '')}: {ready.get('message', '')[:90]}"
 
             while (done := ready()) < args.tunings:
                 if time.monotonic() - t1 > args.timeout:
@@ -104,17 +129,19 @@ def main() -> None:
                     raise SystemExit(f"only {done}/{args.tunings} Ready after {args.timeout}s")
                 time.sleep(1)
             all_ready_s = time.monotonic() - t1
+            big = oversized_state() if args.oversized else "none"
             peak = peak_rss_mib(op.proc.pid)
             requests = sum(1 for r in c.api_log() if r["identity"] == "operator")
             plan_s = scrape(metrics_port, 'ccltune_plan_duration_seconds_sum{where="operator"}')
         finally:
             op.stop()
 
-    print("| NodeTopology objects | CCLTunings | GPUs per tuning | allreduce sizes | "
-          "time to all Ready (s) | operator peak RSS (MiB) | operator API requests |")
-    print("|---:|---:|---:|---|---:|---:|---:|")
+    print("| NodeTopology objects | CCLTunings | GPUs per tuning | allreduce sizes | oversized spec "
+          "(Ready when the others were) | time to all Ready (s) | operator peak RSS (MiB) | "
+          "operator API requests |")
+    print("|---:|---:|---:|---|---|---:|---:|---:|")
     print(f"| {args.nodes} | {args.tunings} | {8 * args.nodes_per_tuning} | 64K..{args.max_bytes} | "
-          f"{all_ready_s:.1f} | {peak:.0f} | {requests} |")
+          f"{big} | {all_ready_s:.1f} | {peak:.0f} | {requests} |")
     print()
     print(f"(build_plan inside the operator took {plan_s:.1f}s of that in total, from its "
           "ccltune_plan_duration_seconds metric; measured)")

@@ -8,7 +8,10 @@ times and prints a markdown table:
   selection per size point;
 - busbw of the chosen schedule as % of the lower bound, worst size >= 64 MiB;
 - speedup over NCCL's default choice: worst size (>= 1.0 means never slower) and at 1 GiB;
-- whether the budget ran out. Every time is simulated (model/simulate.py), the bound analytic.
+- whether the budget ran out. Every time is simulated (model/simulate.py), the bound analytic;
+- the SM budget (threadblocks per GPU the files may use; `--max-threadblocks`, default NCCL's
+  own channel count) and the most any range's schedule needs, as msccl-executor-nccl would run
+  it (every variant is fitted to its limits; none fitting means NCCL everywhere).
 
     .venv/bin/python benchmarks/synthesis.py --presets syccl-a800-16,h800-rail-64 --repeat 3
 """
@@ -21,6 +24,8 @@ import statistics
 import time
 
 from ccltune.api.common import Collective
+from ccltune.model.ir import ScheduleArrays
+from ccltune.model.msccl import lower_msccl
 from ccltune.synth.engine import synthesize
 from ccltune.topology.presets import load_preset
 
@@ -55,6 +60,8 @@ def main() -> None:
     )
     ap.add_argument("--budget", type=float, default=600.0, help="time budget per synthesis, s")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--max-threadblocks", type=int, default=None,
+                    help="SM budget per GPU (default: NCCL's channel count)")  # fmt: skip
     args = ap.parse_args()
     sz = sizes(args.min_bytes, args.max_bytes, args.step)
     print(f"sizes {len(sz)} ({sz[0]}..{sz[-1]} B), repeat {args.repeat}, budget {args.budget:g} s, "
@@ -62,8 +69,8 @@ def main() -> None:
     print()
     print("| preset | GPUs | collective | core s mean | eval s per size | synth s mean | synth s max | total s mean | "
           "worst % of bound >= 64M | worst speedup vs NCCL | speedup at max size | budget out | "
-          "SyCCL published (AG) |")  # fmt: skip
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+          "SM budget | threadblocks used | SyCCL published (AG) |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|")
     for preset in args.presets.split(","):
         topo = load_preset(preset)
         for coll in args.collectives.split(","):
@@ -72,7 +79,8 @@ def main() -> None:
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
                 res = synthesize(topo, Collective(coll), sz, time_budget_s=args.budget,
-                                 workers=args.workers)  # fmt: skip
+                                 workers=args.workers,
+                                 max_threadblocks=args.max_threadblocks)  # fmt: skip
                 total = time.perf_counter() - t0
                 total_t.append(total)
                 synth_t.append(total - res.timings.get("reference_s", 0.0))
@@ -86,11 +94,17 @@ def main() -> None:
             pct = min((s.estimate.pct_of_bound or 0.0) for s in big) if big else float("nan")
             speed = [s.default.time_us / s.estimate.time_us for s in res.sizes]
             pub = PUBLISHED.get(preset, "") if coll == "allgather" else ""
+            used = {r.label for r in res.ranges if r.kind == "msccl"}
+            tbs = max((_threadblocks(res.schedules[lb]) for lb in used), default=0)
             print(f"| {preset} | {topo.world_size} | {coll} | {statistics.mean(core_t):.2f} | "
                   f"{statistics.mean(eval_t):.2f} | {statistics.mean(synth_t):.2f} | "
                   f"{max(synth_t):.2f} | {statistics.mean(total_t):.2f} | {pct:.1f}% | "
                   f"{min(speed):.2f}x | {speed[-1]:.2f}x | {'yes' if res.budget_exhausted else 'no'} | "
-                  f"{pub} |", flush=True)  # fmt: skip
+                  f"{res.max_threadblocks} | {tbs or '-'} | {pub} |", flush=True)  # fmt: skip
+
+
+def _threadblocks(arr: ScheduleArrays) -> int:
+    return lower_msccl(arr.to_schedule()).threadblocks
 
 
 if __name__ == "__main__":

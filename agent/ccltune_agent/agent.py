@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 class AgentConfig:
     node_name: str
     sysfs_root: Path = Path("/")
+    cpuinfo: Path | None = None  # None: <sysfs_root>/proc/cpuinfo
     nvml_recording: Path | None = None
     no_nvml: bool = False
     interval: float = 300.0
@@ -148,7 +149,8 @@ class Agent:
     async def cycle(self) -> None:
         request = self.requested
         try:
-            result = await asyncio.to_thread(probe, self.cfg.node_name, self.cfg.sysfs_root, self.nvml())
+            result = await asyncio.to_thread(probe, self.cfg.node_name, self.cfg.sysfs_root, self.nvml(),
+                                           self.cfg.cpuinfo)
         except Exception:  # a probe bug must not kill the DaemonSet pod; try again next cycle
             log.exception("probe failed; retrying at the next interval")
             self.health.detail = "probe failed"

@@ -28,6 +28,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="node to report (default: $NODE_NAME, else the hostname)")
     p.add_argument("--sysfs-root", type=Path, default=Path("/"),
                    help="directory holding sys/ (a recording, or the host's / mounted read-only)")
+    p.add_argument("--cpuinfo", type=Path,
+                   help="CPU facts from this file (default: <sysfs-root>/proc/cpuinfo); in a pod, /proc/cpuinfo")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--nvml-recording", type=Path, help="replay this NVML recording instead of live NVML")
     src.add_argument("--no-nvml", action="store_true", help="do not touch NVML (sysfs facts only)")
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
             _probe(args, node)
         elif command == "record":
             from .record import record
-            result = record(args.out, args.sysfs_root, _nvml(args), node)
+            result = record(args.out, args.sysfs_root, _nvml(args), node, args.cpuinfo)
             print(f"recorded {len(result.touched)} sysfs paths and NVML to {args.out}", file=sys.stderr)
         else:
             sys.exit(_run(args, node))
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _probe(args: argparse.Namespace, node: str) -> None:
     from .probe import probe
-    result = probe(node, args.sysfs_root, _nvml(args))
+    result = probe(node, args.sysfs_root, _nvml(args), args.cpuinfo)
     doc = result.spec.wire()
     print(json.dumps(doc, indent=1) if args.format == "json" else yaml.safe_dump(doc, sort_keys=False), end="")
     if args.xml:
@@ -118,7 +120,7 @@ def _run(args: argparse.Namespace, node: str) -> int:
     except ValueError:
         raise ConfigError(f"--health-addr {args.health_addr!r}: expected HOST:PORT") from None
     cfg = AgentConfig(
-        node_name=node, sysfs_root=args.sysfs_root, nvml_recording=args.nvml_recording, no_nvml=args.no_nvml,
+        node_name=node, sysfs_root=args.sysfs_root, cpuinfo=args.cpuinfo, nvml_recording=args.nvml_recording, no_nvml=args.no_nvml,
         interval=args.interval, health_host=host or "0.0.0.0", health_port=health_port, owner=args.owner,
         pod_name=os.environ.get("POD_NAME"), pod_uid=os.environ.get("POD_UID"),
         pod_namespace=os.environ.get("POD_NAMESPACE"), xml_out=args.xml_out, backoff_cap=args.backoff_max,

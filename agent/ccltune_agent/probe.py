@@ -13,6 +13,7 @@ from ccltune.api.nodetopology import (
     GPU,
     NIC,
     GpuNicAffinity,
+    HostCpu,
     NICPort,
     NodeTopologySpec,
     NumaNode,
@@ -24,7 +25,17 @@ from ccltune.api.nodetopology import (
 from . import __version__
 from .derive import bind_gpus, distance, is_flattened, switch_chain
 from .nvml import GpuRecord, NvmlSnapshot, NvmlSource, NvmlUnavailable
-from .sysfs import NicInfo, PciInfo, SysRoot, read_nics, read_numa, read_pci, read_pci_links
+from .sysfs import (
+    CpuInfo,
+    NicInfo,
+    PciInfo,
+    SysRoot,
+    read_cpuinfo,
+    read_nics,
+    read_numa,
+    read_pci,
+    read_pci_links,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +68,9 @@ def content_hash(spec: NodeTopologySpec) -> str:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
-def probe(node_name: str, sysfs_root: Path | str = "/", nvml: NvmlSource | None = None) -> ProbeResult:
+def probe(node_name: str, sysfs_root: Path | str = "/", nvml: NvmlSource | None = None,
+          cpuinfo: Path | None = None) -> ProbeResult:
+    """`cpuinfo`: read the CPU from this file instead of `<sysfs_root>/proc/cpuinfo`."""
     sys = SysRoot(sysfs_root)
     nvml_error: str | None = None
     snap: NvmlSnapshot | None = None
@@ -73,6 +86,7 @@ def probe(node_name: str, sysfs_root: Path | str = "/", nvml: NvmlSource | None 
     pci = read_pci(sys)
     nics = read_nics(sys)
     numa = read_numa(sys)
+    cpu = read_cpuinfo(sys, cpuinfo)
     notes: list[str] = []
     vfs = [n.name for n in nics if n.virtual_function]
     if vfs:
@@ -135,6 +149,7 @@ def probe(node_name: str, sysfs_root: Path | str = "/", nvml: NvmlSource | None 
         affinity=affinity,
         nic_binding={str(k): v for k, v in sorted(binding.items())},
         numa_nodes=numa_nodes,
+        cpu=_host_cpu(cpu),
         pcie_flattened=flattened,
         notes=[n[:1024] for n in notes[:MAX_NOTES]],
     )
@@ -191,8 +206,16 @@ def _p2p(snap: NvmlSnapshot | None, gpus: list[GPU], pci: dict[str, PciInfo]) ->
     return out
 
 
+def _host_cpu(c: CpuInfo | None) -> HostCpu | None:
+    if c is None or c.arch not in ("x86_64", "arm64", "ppc64"):
+        return None
+    return HostCpu.model_validate({"arch": c.arch, "vendor": c.vendor, "family_id": c.family_id,
+                                   "model_id": c.model_id, "model_name": c.model_name})
+
+
 def _pci_device(i: PciInfo) -> PciDevice:
     return PciDevice(bus_id=i.bus_id, class_code=i.class_code, vendor=i.vendor, device=i.device,
+                     subsystem_vendor=i.subsystem_vendor, subsystem_device=i.subsystem_device,
                      parent=i.parent, numa_node=i.numa_node, link_speed=i.link_speed,
                      max_link_speed=i.max_link_speed, link_width=i.link_width,
                      max_link_width=i.max_link_width)

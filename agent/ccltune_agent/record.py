@@ -33,16 +33,20 @@ class _Capture:
         return snap
 
 
-def record(out: Path, sysfs_root: Path, nvml: NvmlSource | None, node_name: str) -> ProbeResult:
+def record(out: Path, sysfs_root: Path, nvml: NvmlSource | None, node_name: str,
+           cpuinfo: Path | None = None) -> ProbeResult:
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"--out {out} exists and is not empty; choose a new directory")
     capture = _Capture(nvml) if nvml is not None else None
-    result = probe(node_name, sysfs_root, capture)
+    result = probe(node_name, sysfs_root, capture, cpuinfo)
     (out / "sysfs").mkdir(parents=True, exist_ok=True)
     nvml_doc = capture.doc if capture and capture.doc else unavailable_json(result.nvml_error or "not probed")
     (out / "nvml.json").write_text(json.dumps(nvml_doc, indent=1) + "\n")
     copy_touched(Path(sysfs_root), out / "sysfs", result.touched)
+    if cpuinfo is not None and cpuinfo.is_file():  # where a replay looks for it
+        (out / "sysfs" / "proc").mkdir(parents=True, exist_ok=True)
+        (out / "sysfs" / "proc" / "cpuinfo").write_text(cpuinfo.read_text(errors="replace"))
     (out / "nodetopology.json").write_text(json.dumps(result.spec.wire(), indent=1) + "\n")
     return result
 

@@ -292,3 +292,64 @@ def read_numa(sys: SysRoot) -> dict[int, str]:
             cpus = ""
         out[int(match.group(1))] = cpus.strip()
     return out
+
+
+@dataclass
+class CpuInfo:
+    arch: str  # NCCL's names: x86_64, arm64, ppc64
+    vendor: str | None = None
+    family_id: int | None = None
+    model_id: int | None = None
+    model_name: str | None = None
+
+
+def read_cpuinfo(sys: SysRoot, path: Path | None = None) -> CpuInfo | None:
+    """The first processor of /proc/cpuinfo, in the terms NCCL's topology file uses.
+
+    Linux prints family = base + extended family; NCCL (src/graph/xml.cc ncclTopoGetXmlFromCpu)
+    writes base + (extended << 4), so AMD family 0x19 becomes 175. Models agree (base + ext << 4).
+    """
+    rel = "proc/cpuinfo"
+    if path is None:
+        text = sys.read(rel)
+    else:  # --cpuinfo: outside the root (a container's /proc/cpuinfo lists the host's CPUs)
+        rel = str(path)
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            text = None
+    if text is None:
+        sys.warn(rel, "missing: CPU model unknown")
+        return None
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # end of the first processor block
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip().lower(), value.strip())
+    if "vendor_id" in fields:
+        info = CpuInfo(arch="x86_64", vendor=fields["vendor_id"][:16] or None,
+                       model_name=fields.get("model name", "")[:256] or None)
+        family = _cpuinfo_int(sys, rel, fields.get("cpu family"))
+        model = _cpuinfo_int(sys, rel, fields.get("model"))
+        if family is not None and model is not None and family <= 0xFF + 0xF and model <= 0xFF:
+            info.family_id = family if family < 0xF else 0xF + ((family - 0xF) << 4)
+            info.model_id = model
+        return info
+    if "cpu implementer" in fields:
+        return CpuInfo(arch="arm64", model_name=fields.get("model name", "")[:256] or None)
+    if fields.get("cpu", "").upper().startswith("POWER"):
+        return CpuInfo(arch="ppc64", model_name=fields["cpu"][:256])
+    sys.warn(rel, "no vendor_id, CPU implementer or POWER cpu line: architecture unknown")
+    return None
+
+
+def _cpuinfo_int(sys: SysRoot, rel: str, text: str | None) -> int | None:
+    try:
+        return int(text or "", 10)
+    except ValueError:
+        sys.warn(rel, f"not an integer: {(text or '')[:40]!r}")
+        return None

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .api.ccltuning import CCLTuningSpec, CollectiveTask, Parallelism
+from .api.ccltuning import CCLTuningSpec, CollectiveTask, Parallelism, PublishOptions
 from .api.cluster import ClusterTopology
 from .api.common import Collective, Source, parse_size
-from .api.plan import Plan, PlanFile, PlanTask, TaskKey
+from .api.plan import Estimate, Plan, PlanFile, PlanTask, TaskKey
 from .model.nccl_default import default_estimate, nccl_default
-from .plan_steps import synth_step, tune_step
+from .plan_steps import msccl_step, realize_step, synth_step, tune_step
 from .publish.files import (
     NCCL_CONF,
     NCCL_TOPO,
@@ -26,9 +26,11 @@ from .publish.files import (
     with_files,
 )
 from .publish.report import render_report_json, render_report_md
-from .topology.export import describe, node_spec
-from .topology.nccl_xml import write_nccl_xml
+from .publish.runtime import RCCL_MSCCL_ENV, RuntimeMismatch, check_gpus, nccl_version, runs_msccl
+from .topology.export import describe
 from .topology.subgroup import subcluster
+from .topology.topo_file import decide as decide_topology_file
+from .tune.emit import check_process_wide
 
 Progress = Callable[[str], None]
 
@@ -36,6 +38,12 @@ Progress = Callable[[str], None]
 class PlanError(ValueError):
     """The spec cannot be planned on this cluster; the message names the field."""
 
+
+# "not available" makes the controller's Synthesized condition NotAvailable with this message.
+NO_MSCCL_NOTE = (
+    "synthesis: not available on runtime nccl, stock NCCL cannot run MSCCL files; set "
+    "spec.publish.runtime to msccl (msccl-executor-nccl) or rccl to publish synthesized schedules"
+)
 
 # Sizes are planned at every power of two between minBytes and maxBytes, like nccl-tests -f 2.
 SIZE_FACTOR = 2
@@ -142,6 +150,11 @@ def _task_key(
     return key, Communicator(task.role, ranks)
 
 
+def task_keys(spec: CCLTuningSpec, topo: ClusterTopology) -> list[tuple[TaskKey, Communicator]]:
+    """Each task's key and communicator, in spec order (cheap: no simulation)."""
+    return [_task_key(t, i, spec, topo) for i, t in enumerate(expand_tasks(spec, topo))]
+
+
 def _baseline_task(key: TaskKey, sub: ClusterTopology, progress: Progress) -> PlanTask:
     progress(f"{key.collective} on {key.ranks} ranks: NCCL default (simulated)")
     estimates = []
@@ -161,12 +174,28 @@ def _baseline_task(key: TaskKey, sub: ClusterTopology, progress: Progress) -> Pl
     )
 
 
-def _topology_files(topo: ClusterTopology) -> tuple[list[PlanFile], list[str]]:
-    """One NCCL_TOPO_FILE when every node's XML is the same (the pod cannot know its node)."""
-    xmls = {write_nccl_xml(node_spec(topo, n.name)) for n in topo.nodes}
-    if len(xmls) == 1:
-        return [plan_file(NCCL_TOPO, xmls.pop())], []
-    return [], ["nodes differ in layout: no NCCL_TOPO_FILE is published, NCCL detects each node"]
+def _with_bounds(task: PlanTask, baseline: PlanTask) -> PlanTask:
+    """The lower bound depends on collective, size and communicator only: carry the baseline's
+    onto estimates that lack one (tuning measures times, not bounds)."""
+    bound = {e.size_bytes: e.bound_us for e in baseline.default_estimates}
+
+    def fill(e: Estimate) -> Estimate:
+        b = bound.get(e.size_bytes)
+        if e.bound_us is not None or b is None:
+            return e
+        return e.model_copy(update={"bound_us": b, "pct_of_bound": b / e.time_us * 100.0})
+
+    return task.model_copy(update={
+        "default_estimates": [fill(e) for e in task.default_estimates],
+        "chosen_estimates": [fill(e) for e in task.chosen_estimates],
+    })  # fmt: skip
+
+
+def _topology_files(topo: ClusterTopology, publish: PublishOptions) -> tuple[list[PlanFile], list[str]]:
+    """NCCL_TOPO_FILE only where it helps and is safe (topology/topo_file.py decides)."""
+    decision = decide_topology_file(topo, publish.topology_file, publish.runtime)
+    files = [plan_file(NCCL_TOPO, decision.xml)] if decision.xml is not None else []
+    return files, decision.notes
 
 
 def build_plan(
@@ -178,6 +207,12 @@ def build_plan(
 ) -> Plan:
     """The whole offline pipeline. Deterministic: same inputs, same files and digest."""
     say = progress or (lambda _msg: None)
+    runtime = tuning.publish.runtime
+    try:
+        version = nccl_version(tuning.publish)
+        check_gpus(runtime, cluster.gpu_model)
+    except RuntimeMismatch as exc:
+        raise PlanError(str(exc)) from None
     tasks: list[PlanTask] = []
     subs: list[ClusterTopology] = []
     notes: list[str] = []
@@ -189,17 +224,30 @@ def build_plan(
     env: dict[str, str] = {}
     step_files: list[PlanFile] = []
     if tuning.tuning.enabled:
-        tasks, env, step_files, tune_notes = tune_step(tuning, cluster, tasks, say)
+        baseline = tasks
+        tasks, env, step_files, tune_notes = tune_step(tuning, cluster, tasks, say, version)
+        tasks = [_with_bounds(t, b) for t, b in zip(tasks, baseline, strict=True)]
         notes += tune_notes
-    if tuning.synthesis.enabled:
+    if tuning.synthesis.enabled and not runs_msccl(runtime):
+        notes.append(NO_MSCCL_NOTE)
+    elif tuning.synthesis.enabled:
+        before = [t.chosen_estimates for t in tasks]
+        xml_files: list[PlanFile] = []
         for index, sub in enumerate(subs):
-            tasks[index], xml_files = synth_step(tuning, sub, tasks[index], index, say)
-            step_files += xml_files
-    topo_files, topo_notes = _topology_files(cluster)
+            tasks[index], files_of_task = synth_step(tuning, sub, tasks[index], index, say)
+            xml_files += files_of_task
+        tasks, xml_files, msccl_notes = msccl_step(runtime, tasks, before, xml_files)
+        notes += msccl_notes
+        step_files += xml_files
+        if xml_files and runtime == "rccl":
+            env.update(RCCL_MSCCL_ENV)
+    tasks = [realize_step(t) for t in tasks]
+    topo_files, topo_notes = _topology_files(cluster, tuning.publish)
     notes += topo_notes
     plan = Plan(
         name=name,
         cluster=cluster.name,
+        runtime=runtime,
         world_size=cluster.world_size,
         nodes=cluster.node_count,
         tasks=tasks,
@@ -211,11 +259,12 @@ def build_plan(
     files = [
         *topo_files,
         *step_files,
-        plan_file(NCCL_CONF, render_nccl_conf(env, header)),
+        plan_file(NCCL_CONF, render_nccl_conf(check_process_wide(env), header)),
         plan_file(REPORT_MD, render_report_md(plan, line)),
         plan_file(REPORT_JSON, render_report_json(plan, line)),
     ]
     return with_files(plan, files)
 
 
-__all__ = ["PlanError", "Source", "build_plan", "expand_tasks", "size_points"]
+__all__ = ["Communicator", "PlanError", "Source", "build_plan", "expand_tasks", "size_points",
+           "task_keys"]

@@ -13,17 +13,27 @@ from pathlib import Path
 
 from .api.ccltuning import CCLTuningSpec
 from .api.cluster import ClusterTopology
-from .api.plan import Choice, PlanFile, PlanTask
+from .api.common import format_size
+from .api.plan import Choice, Estimate, PlanFile, PlanTask
 from .publish.files import MSCCL_DIR, TUNER_CSV, plan_file
+from .publish.runtime import (
+    AlgoMeta,
+    algo_meta,
+    publishable_protocol,
+    selected_everywhere,
+    selected_file,
+)
 from .synth.engine import synthesize
+from .tune.table import TABLE_FILE
 from .tune.tuner import TUNER_FILE, tune_tasks
 
 Progress = Callable[[str], None]
 
 
-def tune_step(spec: CCLTuningSpec, cluster: ClusterTopology, tasks: list[PlanTask],
-              say: Progress) -> tuple[list[PlanTask], dict[str, str], list[PlanFile], list[str]]:  # fmt: skip
-    """Tuned tasks, env, files (tuner CSV) and notes; the tasks unchanged when it cannot run."""
+def tune_step(spec: CCLTuningSpec, cluster: ClusterTopology, tasks: list[PlanTask], say: Progress,
+              version: str) -> tuple[list[PlanTask], dict[str, str], list[PlanFile], list[str]]:  # fmt: skip
+    """Tuned tasks, env, files (tuner CSV) and notes; the tasks unchanged when it cannot run.
+    `version`: the NCCL under the runtime (publish/runtime.nccl_version)."""
     opts = spec.tuning
     if opts.profiler != "simulated":
         why = ("needs the replay ConfigMap, which only the operator reads"
@@ -32,11 +42,130 @@ def tune_step(spec: CCLTuningSpec, cluster: ClusterTopology, tasks: list[PlanTas
     say(f"tuning {len(tasks)} task(s): {opts.searcher}, simulated profiler, budget {opts.budget}")
     result = tune_tasks([t.key for t in tasks], cluster, searcher=opts.searcher,
                         profiler="simulated", budget=opts.budget, seed=opts.seed,
-                        nccl_version=spec.publish.nccl_version)  # fmt: skip
+                        nccl_version=version)  # fmt: skip
     files = [plan_file(TUNER_CSV, result.files[TUNER_FILE])] if TUNER_FILE in result.files else []
+    if TABLE_FILE in result.files:  # read by ccltune's tuner plugin (nccl-plugin/)
+        files.append(plan_file(TABLE_FILE, result.files[TABLE_FILE]))
     return result.plan_tasks_by_key(), dict(result.env), files, [
         f"tuning: {n}" for n in result.notes
     ]
+
+
+def _revert(task: PlanTask, before: list[Estimate], sizes: set[int]) -> PlanTask:
+    """The task with its estimates at `sizes` back to what ran before synthesis."""
+    prior = {e.size_bytes: e for e in [*task.default_estimates, *before]}
+    # Synthesis only offers sizes of the default estimates, so every size has a prior.
+    estimates = [prior[e.size_bytes] if e.size_bytes in sizes else e for e in task.chosen_estimates]
+    return task.model_copy(update={"chosen_estimates": estimates})
+
+
+def _why_not(metas: list[AlgoMeta], claim: AlgoMeta, size: int) -> str:
+    for place in claim.placements():
+        other = selected_file(metas, claim.collective, claim.ranks, size, place)
+        if other and other != claim.path:
+            return f"{other} comes first"
+    return (f"count x {claim.multiplier} is not a multiple of nchunksperloop "
+            f"{claim.chunks_per_loop}, or the size is outside [minBytes, maxBytes]")  # fmt: skip
+
+
+def msccl_step(runtime: str, tasks: list[PlanTask], before: list[list[Estimate]],
+               files: list[PlanFile]) -> tuple[list[PlanTask], list[PlanFile], list[str]]:  # fmt: skip
+    """MSCCL rows only where the runtime's scheduler selects their file; unclaimed files dropped.
+
+    `before[i]`: task i's chosen estimates before synthesis, restored where a file is not run.
+    Removing a file changes what the others win against, so this repeats until nothing changes.
+    """
+    metas = {f.path: algo_meta(f.path, f.content) for f in files}
+    notes = [f"{p}: not published, runtime {runtime} does not run {m.protocol} MSCCL files"
+             for p, m in sorted(metas.items()) if not publishable_protocol(runtime, m.protocol)]  # fmt: skip
+    metas = {p: m for p, m in metas.items() if publishable_protocol(runtime, m.protocol)}
+    while True:
+        present = list(metas.values())
+        claimed: set[str] = set()
+        reverted = False
+        for i, task in enumerate(tasks):
+            lost: dict[str, list[int]] = {}
+            for e in task.chosen_estimates:
+                path = e.choice.msccl_file if e.choice and e.choice.kind == "msccl" else None
+                if path is None:
+                    continue
+                if path in metas and selected_everywhere(present, metas[path], e.size_bytes):
+                    claimed.add(path)
+                else:
+                    lost.setdefault(path, []).append(e.size_bytes)
+            for path, sizes in lost.items():
+                why = _why_not(present, metas[path], sizes[0]) if path in metas else "not published"
+                notes.append(f"{path}: not selected by the {runtime} scheduler at "
+                             f"{', '.join(format_size(s) for s in sizes)} ({why}); the choice "
+                             "made before synthesis is reported there")  # fmt: skip
+                tasks[i] = _revert(tasks[i], before[i], set(sizes))
+                reverted = True
+        unused = set(metas) - claimed
+        if not unused and not reverted:
+            break
+        for path in unused:
+            del metas[path]
+    tasks = [_label_msccl(t) for t in tasks]
+    notes += _shadowing_notes(tasks, list(metas.values()))
+    return tasks, [f for f in files if f.path in metas], notes
+
+
+def _label_msccl(task: PlanTask) -> PlanTask:
+    estimates = []
+    for e in task.chosen_estimates:
+        if e.choice is not None and e.choice.kind == "msccl":
+            e = e.model_copy(update={"choice": e.choice.model_copy(
+                update={"realized_by": e.choice.msccl_file})})  # fmt: skip
+        estimates.append(e)
+    top = estimates[-1].choice if estimates and estimates[-1].choice else task.chosen
+    return task.model_copy(update={"chosen_estimates": estimates, "chosen": top})
+
+
+def _shadowing_notes(tasks: list[PlanTask], metas: list[AlgoMeta]) -> list[str]:
+    """Sizes a task leaves to NCCL where a file published for another task of the same
+    collective and rank count is selected: the scheduler cannot tell communicators apart."""
+    notes = []
+    for task in tasks:
+        key = task.key
+        runs: dict[str, list[int]] = {}
+        for e in task.chosen_estimates:
+            if e.choice is not None and e.choice.kind == "msccl":
+                continue
+            for place in (True, False):
+                path = selected_file(metas, str(key.collective), key.ranks, e.size_bytes, place)
+                if path and e.size_bytes not in runs.get(path, []):
+                    runs.setdefault(path, []).append(e.size_bytes)
+        notes += [f"{key.label()}: at {', '.join(format_size(s) for s in sizes)} the scheduler runs "
+                  f"{path}, published for another task of the same collective and rank count "
+                  "(it cannot tell communicators apart)" for path, sizes in sorted(runs.items())]  # fmt: skip
+    return notes
+
+
+def realize_step(task: PlanTask) -> PlanTask:
+    """Every chosen estimate names what makes the runtime do it; a per-call NCCL choice that
+    nothing carries (no tuner row) is replaced by NCCL's default, which is what runs."""
+    rows, lost = [], []
+    for d, c in zip(task.default_estimates, task.chosen_estimates, strict=True):
+        choice = c.choice or task.chosen
+        if choice.realized_by:  # a tuner row, or an MSCCL file msccl_step checked
+            rows.append(c)
+        elif choice.kind != "msccl" and _same_call(choice, d.choice or task.default):
+            by = "NCCL default" if c.time_us == d.time_us else "nccl.conf"
+            rows.append(c.model_copy(update={"choice": choice.model_copy(update={"realized_by": by})}))
+        else:
+            lost.append(format_size(c.size_bytes))
+            dflt = (d.choice or task.default).model_copy(update={"realized_by": "NCCL default"})
+            rows.append(d.model_copy(update={"choice": dflt}))
+    notes = list(task.notes)
+    if lost:
+        notes.append(f"choices at {', '.join(lost)} have nothing to carry them on this runtime (no "
+                     "tuner-table row or MSCCL file): NCCL's default is reported there")  # fmt: skip
+    top = rows[-1].choice if rows and rows[-1].choice else task.chosen
+    return task.model_copy(update={"chosen_estimates": rows, "chosen": top, "notes": notes})
+
+
+def _same_call(a: Choice, b: Choice) -> bool:
+    return (a.kind, a.algorithm, a.protocol, a.channels) == (b.kind, b.algorithm, b.protocol, b.channels)
 
 
 def synth_step(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask, index: int,
@@ -47,7 +176,8 @@ def synth_step(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask, index:
     say(f"synthesizing {key.collective} on {key.ranks} ranks ({len(sizes)} sizes)")
     with tempfile.TemporaryDirectory() as tmp:
         res = synthesize(sub, key.collective, sizes,
-                         time_budget_s=spec.synthesis.time_budget_seconds, out_dir=tmp)  # fmt: skip
+                         time_budget_s=spec.synthesis.time_budget_seconds, out_dir=tmp,
+                         max_threadblocks=spec.synthesis.max_threadblocks)  # fmt: skip
         xml = {Path(r.xml_file).name: Path(r.xml_file).read_text(encoding="utf-8")
                for r in res.ranges if r.xml_file}  # fmt: skip
     # Files over the ConfigMap limit are published packed (publish/configmaps.py).
@@ -78,4 +208,4 @@ def synth_step(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask, index:
                                    "notes": notes}), files  # fmt: skip
 
 
-__all__ = ["synth_step", "tune_step"]
+__all__ = ["msccl_step", "realize_step", "synth_step", "tune_step"]

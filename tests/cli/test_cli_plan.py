@@ -33,9 +33,9 @@ def test_plan_on_a_preset_writes_files_manifests_and_reports(tmp_path: Path) -> 
     result = ccltune("plan", EXAMPLE, "--cluster", "dgx-h100-2", "--out", out)
     assert result.returncode == 0, result.stderr
     assert "simulated" in result.stdout and "busbw" in result.stdout
+    assert "runtime stock NCCL" in result.stdout and " via" in result.stdout
     for name in (
         "nccl.conf",
-        "nccl-topo.xml",
         "report.md",
         "report.json",
         "manifests/configmaps.yaml",
@@ -43,10 +43,12 @@ def test_plan_on_a_preset_writes_files_manifests_and_reports(tmp_path: Path) -> 
         assert (out / name).is_file(), name
     report = json.loads((out / "report.json").read_text())
     assert report["worldSize"] == 16 and len(report["tasks"]) == 3
+    assert report["runtime"] == "nccl" and not (out / "msccl").exists()
     for task in report["tasks"]:
         assert task["rows"], task["key"]
         for row in task["rows"]:
             assert row["source"] == "simulated"
+            assert not row["realized_by"].startswith("msccl/")  # stock NCCL runs no MSCCL file
             assert row["busbw_gbps"] > 0 and 0 < row["pct_of_bound"] <= 100.0 + 1e-9
     manifests = list(yaml.safe_load_all((out / "manifests" / "configmaps.yaml").read_text()))
     assert manifests[-1]["metadata"]["name"] == "llama-pretrain-ccltune"
@@ -90,8 +92,21 @@ def _spec(tmp_path: Path, spec: object, text: str | None = None) -> Path:
             "spec.collectives[0]",
         ),
         (None, "kind: Deployment\n", "dgx-h100-1", "no document with kind: CCLTuning"),
+        (
+            {"collectives": [{"op": "allreduce"}],
+             "publish": {"runtime": "msccl", "ncclVersion": "2.24"}},
+            None,
+            "dgx-h100-1",
+            "spec.publish.ncclVersion: 2.24 contradicts runtime msccl",
+        ),
+        (
+            {"collectives": [{"op": "allreduce"}], "publish": {"runtime": "rccl"}},
+            None,
+            "dgx-h100-1",
+            "spec.publish.runtime: rccl runs on AMD GPUs",
+        ),
     ],
-)
+)  # fmt: skip
 def test_bad_input_is_one_line_and_non_zero(
     tmp_path: Path, spec: object, text: str | None, cluster: str, expected: str
 ) -> None:

@@ -6,9 +6,12 @@ filtering. Where a real cluster would act, this harness plays the part explicitl
 
 * API server: uid, creationTimestamp, generation (bumped on spec change), resourceVersion, and the
   status subresource (PATCH .../status changes only status; the main endpoint ignores status);
-  callers are identified by their bearer token, like service accounts.
+  callers are identified by their bearer token, like service accounts. Writes are validated as
+  a real API server would (ctl_apiserver.py: names, labels, ConfigMap size and immutability,
+  CRD schema and CEL) and refused with 422 (413 for an oversized body) without being stored.
 * CRD registration: the CRDs in crds/*.yaml become served resources (apiextensions' job).
-* Garbage collector: objects whose every owner is gone are deleted (background propagation).
+* Garbage collector: objects whose every owner is gone (or in another namespace) are deleted
+  (background propagation).
 * Kubelet + Job controller: a Job's container command runs as a local process; its exit code sets
   the Job's status (Complete/Failed), or a test makes the "node" fail it with a reason.
 * kubelet for agents: the agent DaemonSet's pods are not scheduled; tests start agent processes.
@@ -19,6 +22,7 @@ Every request is recorded (identity, method, path, verb) for the Helm chart's RB
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 import os
@@ -34,10 +38,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp.test_utils
+import aiohttp.web
 import httpx
 import kmock
 import yaml
+from ctl_apiserver import MAX_REQUEST, Validator, load_crds, status_body
 from kmock._internal import enums
+from kmock._internal.k8s import KubernetesError
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "crds"
@@ -79,6 +87,14 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.api_log: list[dict[str, Any]] = []
         self.status_subresource: set[str] = set()  # "group/version/plural"
         self.rv = 0
+        self.validator = Validator()
+        self.validating = True  # off: admit anything, as a cluster with an older CRD would
+        self.rejected: list[dict[str, Any]] = []  # the Status bodies of refused writes
+        # Faults tests inject: a request whose record a `reset_if` hook accepts loses its
+        # connection unserved (as when the API server restarts); `after_served` hooks see each
+        # request once it took effect, before the reply goes out (e.g. SIGKILL the caller there).
+        self.reset_if: list[Callable[[dict[str, Any]], bool]] = []
+        self.after_served: list[Callable[[dict[str, Any]], None]] = []
 
     def _key(self, request: Any) -> str:
         r = request.resource
@@ -92,17 +108,66 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
             payload._requests.clear()
         auth = request.headers.get("Authorization", "")
         who = auth.removeprefix("Bearer ").strip() or "anonymous"
+        record: dict[str, Any] | None = None
         if request.resource is not None and request.resource.plural:  # discovery needs no RBAC
             r = request.resource
-            self.api_log.append({
+            record = {
                 "identity": who, "method": str(request.method.value).upper(), "path": request.url.path,
                 "verb": _verb(str(request.method.value).upper(), request.name, dict(request.params)),
                 "group": r.group or "", "version": r.version, "resource": r.plural,
                 "subresource": request.subresource or "", "namespace": request.namespace or "",
-            })
+            }
+            self.api_log.append(record)
+            record = {**record, "name": request.name or ""}  # for the hooks only
+        if record is not None and any(hook(record) for hook in self.reset_if):
+            request._raw_request.transport.abort()
+            return aiohttp.web.Response(status=500)  # never delivered: the connection is gone
         if request.resource is not None:
             self._play_apiserver(request)
-        return await super()._handle(request)
+            self._validate(request)
+        response = await super()._handle(request)
+        if record is not None:
+            for served in self.after_served:
+                served(record)
+        return response
+
+    def _validate(self, request: Any) -> None:
+        """Refuse what a real API server would, before KMock stores it."""
+        data = request.data
+        if request.action not in (enums.action.CREATE, enums.action.UPDATE) or not isinstance(data, dict):
+            return
+        r = request.resource
+        info = self.resources.get(self._key(request))
+        kind = getattr(info, "kind", None) or r.plural
+        api_version = f"{r.group}/{r.version}" if r.group else r.version
+        size = len(json.dumps(data))
+        if size > MAX_REQUEST:
+            self.rejected.append({"code": 413, "kind": kind, "size": size})
+            raise KubernetesError(status=413, reason="RequestEntityTooLarge",
+                                  message=f"the request body of {size} bytes is over the server's limit")
+        old = None
+        new = data
+        if request.action == enums.action.UPDATE:
+            old = self._current(request)
+            if old is None:
+                return  # KMock answers 404
+            new = _merge(old, data) if str(request.method.value).upper() == "PATCH" else data
+        if not self.validating:
+            return
+        causes = self.validator.check(kind, api_version, r.plural, new, old)
+        if old is not None and causes:
+            # Ratcheting (Kubernetes >= 1.30): a value that was already invalid and is unchanged
+            # does not block an update, e.g. kopf's annotations on an object admitted earlier.
+            known = {(c.field, c.message) for c in self.validator.check(kind, api_version, r.plural, old, None)}
+            causes = [c for c in causes if (c.field, c.message) not in known]
+        if request.subresource == "status":  # the status endpoint answers for status only
+            causes = [c for c in causes if c.field.startswith("status")]
+        if causes:
+            name = (new.get("metadata") or {}).get("name") or request.name or ""
+            body = status_body(kind, name, causes)
+            self.rejected.append(body)
+            raise KubernetesError(status=422, reason="Invalid", message=body["message"],
+                                  details=body["details"])
 
     def _play_apiserver(self, request: Any) -> None:
         data = request.data
@@ -143,15 +208,31 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
 
 
 def _merge(base: Any, patch: Any) -> Any:
-    if not isinstance(base, dict) or not isinstance(patch, dict):
+    """RFC 7386 merge patch: null deletes, also under a key the target does not have yet."""
+    if not isinstance(patch, dict):
         return patch
-    out = dict(base)
+    out = dict(base) if isinstance(base, dict) else {}
     for k, v in patch.items():
         if v is None:
             out.pop(k, None)
         else:
-            out[k] = _merge(base.get(k), v)
+            out[k] = _merge(out.get(k), v)
     return out
+
+
+class _ApiHttpServer(aiohttp.test_utils.RawTestServer):
+    """aiohttp's 1 MiB body limit is below the API server's: take bodies up to 3 MiB + 1 KiB, so
+    the validator answers 413 above 3 MiB and 422 for a ConfigMap over 1 MiB, as a cluster does."""
+
+    async def _make_runner(self, debug: bool = True, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+
+        def request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> Any:
+            return aiohttp.web.BaseRequest(message, payload, protocol, writer, task, loop,
+                                           client_max_size=MAX_REQUEST + 1024)
+
+        server = aiohttp.web.Server(self._handler, loop=loop, debug=debug, request_factory=request, **kwargs)
+        return aiohttp.web.ServerRunner(server, debug=debug, **kwargs)
 
 
 class Cluster:
@@ -181,7 +262,7 @@ class Cluster:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        async with ApiServer() as srv, kmock.Server(srv) as server:
+        async with ApiServer() as srv, kmock.Server(srv, server_cls=_ApiHttpServer) as server:
             self.server = srv
             self.port = server.port
             self._ready.set()
@@ -201,10 +282,13 @@ class Cluster:
                 if not self.gc_enabled:
                     continue
                 live = self.server.live()
-                uids = {raw.get("metadata", {}).get("uid") for *_, raw in live}
+                where = {raw.get("metadata", {}).get("uid"): ns for _, ns, _, raw in live}
                 for res, ns, name, raw in live:
                     owners = raw.get("metadata", {}).get("ownerReferences") or []
-                    if owners and all(o.get("uid") not in uids for o in owners):
+                    # An owner in another namespace counts as absent, as the real collector
+                    # treats it (owner references cannot cross namespaces).
+                    if owners and all(o.get("uid") not in where or where[o.get("uid")] not in (None, ns)
+                                      for o in owners):
                         await client.delete(_path(res, ns, name))
 
     def close(self) -> None:
@@ -225,6 +309,7 @@ class Cluster:
         """Apply crds/*.yaml and serve them (what apiextensions-apiserver does on a real cluster)."""
         assert self.server is not None
         names = []
+        self.server.validator.crds.update(load_crds(sorted(CRDS.glob("*.yaml"))))
         for path in sorted(CRDS.glob("*.yaml")):
             crd = yaml.safe_load(path.read_text())
             self.create(crd)
@@ -240,6 +325,16 @@ class Cluster:
                     self.server.status_subresource.add(key)
             names.append(crd["metadata"]["name"])
         return names
+
+    @contextlib.contextmanager
+    def admitting_anything(self) -> Iterator[None]:
+        """Writes skip validation meanwhile: objects an older CRD (or none) would have admitted."""
+        assert self.server is not None
+        self.server.validating = False
+        try:
+            yield
+        finally:
+            self.server.validating = True
 
     def kubeconfig(self, identity: str) -> Path:
         """A kubeconfig whose bearer token names the caller (how the log tells clients apart)."""
@@ -296,7 +391,7 @@ class Cluster:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}")
             time.sleep(every)
 
-    def api_log(self) -> list[dict[str, Any]]:
+    def api_log(self) -> builtins.list[dict[str, Any]]:
         assert self.server is not None
         return list(self.server.api_log)
 

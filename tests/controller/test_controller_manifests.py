@@ -103,17 +103,20 @@ def test_needs_job_thresholds() -> None:
 
     cluster = ClusterTopology(name="c", gpus_per_node=8,
                               nodes=[ClusterNode(name=f"n{i}", gpus=8) for i in range(4)])  # 32 GPUs
+    from ccltune.workload import Workload
+
     cfg = load_config({"CCLTUNE_INPROCESS_MAX_GPUS": "64", "CCLTUNE_INPROCESS_MAX_SYNTH_GPUS": "16",
-                       "CCLTUNE_INPROCESS_MAX_TRIALS": "500"})
+                       "CCLTUNE_INPROCESS_MAX_TRIALS": "500", "CCLTUNE_INPROCESS_MAX_WORK": "1000"})
     plain = spec()
-    assert jobs.needs_job(plain, cluster, 3, cfg) is None
+    assert jobs.needs_job(plain, cluster, Workload(3, 60, 0, 0), cfg) is None
     synth = CCLTuningSpec.model_validate({"collectives": [{"op": "allreduce"}], "synthesis": {"enabled": True}})
-    assert "synthesis over 32 GPUs" in (jobs.needs_job(synth, cluster, 1, cfg) or "")
+    assert "synthesis over 32 GPUs" in (jobs.needs_job(synth, cluster, Workload(1, 21, 0, 0), cfg) or "")
     tuned = CCLTuningSpec.model_validate({"collectives": [{"op": "allreduce"}], "tuning": {"enabled": True, "budget": 200}})
-    assert jobs.needs_job(tuned, cluster, 2, cfg) is None  # 400 trials
-    assert "600 tuning trials" in (jobs.needs_job(tuned, cluster, 3, cfg) or "")
+    assert jobs.needs_job(tuned, cluster, Workload(1, 2, 400, 0), cfg) is None
+    assert "600 tuning trials" in (jobs.needs_job(tuned, cluster, Workload(1, 3, 600, 0), cfg) or "")
+    assert "estimated work 1001" in (jobs.needs_job(plain, cluster, Workload(9, 20, 0, baseline=1001), cfg) or "")
     small = load_config({"CCLTUNE_INPROCESS_MAX_GPUS": "16"})
-    assert "32 GPUs" in (jobs.needs_job(plain, cluster, 1, small) or "")
+    assert "32 GPUs" in (jobs.needs_job(plain, cluster, Workload(1, 21, 0, 0), small) or "")
 
 
 def test_big_results_are_spread_over_configmaps_and_read_back() -> None:

@@ -20,6 +20,7 @@ from ccltune.model.baselines import (
 )
 from ccltune.model.check import check_schedule
 from ccltune.model.routing import Router
+from ccltune.topology.presets import load_preset
 
 ALL = [(c, a) for c, algos in SUPPORTED.items() for a in algos]
 
@@ -85,6 +86,15 @@ def test_cycles_use_direct_links() -> None:
     full = spec_topology(1, 8, "fully_connected", nics=0)
     assert len(nvlink_cycles(full)) >= 4  # several distinct rings over the full mesh
     assert len(ring_layouts(full)) >= 4
+
+
+def test_rings_on_a_full_mesh_do_not_share_links() -> None:
+    # NCCL's search books each ring's bandwidth on its links: on 8 fully connected GPUs (MI300X)
+    # 3 link-disjoint Hamiltonian cycles and their reverses use 48 of the 56 directed links once.
+    topo = load_preset("mi300x-8")
+    cycles = nvlink_cycles(topo)
+    arcs = [(a, b) for c in cycles for a, b in zip(c, c[1:] + c[:1], strict=True)]
+    assert len(cycles) == 6 and len(arcs) == len(set(arcs)) == 48
 
 
 def test_unknown_algorithm_is_one_clear_error() -> None:

@@ -167,6 +167,44 @@ def test_concurrent_writes_are_a_race() -> None:
         check_schedule(s)
 
 
+def _gather_reduces() -> Schedule:
+    """Ranks 1 and 2 reduce into rank 0 with no order between them; rank 0 then stores the
+    result back to both."""
+    s = Schedule("gather", AR, 3, 1)
+    a = s.add(Transfer(1, 0, 0, reduce=True))
+    b = s.add(Transfer(2, 0, 0, reduce=True))
+    s.add(Transfer(0, 1, 0, deps=(a, b)))
+    s.add(Transfer(0, 2, 0, deps=(a, b)))
+    return s
+
+
+def test_unordered_reduces_commute_only_when_asked() -> None:
+    s = _gather_reduces()
+    with pytest.raises(ScheduleError, match=r"race: transfers 0 and 1 both write rank 0 chunk 0"):
+        check_schedule(s)
+    check_schedule(s, reduces_commute=True)
+
+
+def test_commuting_reduces_still_order_reads_stores_and_counts() -> None:
+    # a read after only one of the two reduces sees a timing-dependent sum
+    s = _gather_reduces()
+    s.transfers[3] = Transfer(0, 2, 0, deps=(0,))
+    with pytest.raises(ScheduleError, match=r"race: transfer 3 reads rank 0 chunk 0 .* transfer 1"):
+        check_schedule(s, reduces_commute=True)
+    # a plain store racing a reduce is still a race
+    s = _gather_reduces()
+    s.transfers[1] = Transfer(2, 0, 0)
+    with pytest.raises(ScheduleError, match=r"race: transfers 0 and 1 both write rank 0 chunk 0"):
+        check_schedule(s, reduces_commute=True)
+    # and the same contribution added twice is counted twice in either order
+    s = _gather_reduces()
+    s.transfers.insert(2, Transfer(1, 0, 0, reduce=True))
+    s.transfers[3] = Transfer(0, 1, 0, deps=(0, 1, 2))
+    s.transfers[4] = Transfer(0, 2, 0, deps=(0, 1, 2))
+    with pytest.raises(ScheduleError, match=r"double-counts contributions of ranks \{1\}"):
+        check_schedule(s, reduces_commute=True)
+
+
 def test_forward_without_dependency_is_a_race() -> None:
     s = Schedule("race-rw", BC, 3, 1, root=0)
     s.add(Transfer(0, 1, 0))
@@ -195,6 +233,9 @@ def test_cycle_is_a_deadlock() -> None:
         check_schedule(s)
     with pytest.raises(ScheduleError, match="deadlock"):
         topological_order(s)
+    with pytest.raises(ScheduleError, match=r"0: rank 0 -> 1 chunk 0; 1: rank 1 -> 0 chunk 1|"
+                       r"1: rank 1 -> 0 chunk 1; 0: rank 0 -> 1 chunk 0"):  # fmt: skip
+        check_schedule(s)
 
 
 def test_wrong_final_owner_is_caught() -> None:

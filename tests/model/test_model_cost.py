@@ -51,14 +51,15 @@ def test_protocol_cost_variants() -> None:
         # Simple: intra max(3.4, net overhead 1 x 3) = 3.4; inter hwLat[NET][ring][Simple] 14.0
         (("ring", "Simple", "nvlink", 16, 2), {}, 8.4 + 26 * 3.4 + 4 * 14.0),
         # tree: 2 * ((ppn-1) * intra + log2(nNodes) * inter)
-        (("tree", "Simple", "nvlink", 64, 8), {}, 2 * (7 * 28 + 3 * 28)),
+        # NCCL 2.30.7: baseLat tree/Simple 8.4, hwLat tree/Simple 4.0 (NVLink), 14 (NET)
+        (("tree", "Simple", "nvlink", 64, 8), {}, 8.4 + 2 * (7 * 4.0 + 3 * 14.0)),
         (("tree", "LL", "nvlink", 16, 2), {}, 6.8 + 2 * (7 * 0.6 + 1 * 5.0)),
         (("ring", "LL128", "pcie", 4, 1), {"collective": "allgather"}, 14.0 + 3 * 2.5),
         (("ring", "Simple", "nvlink", 8, 1), {"collective": "broadcast"}, 8.4 + 3.4),
         (
             ("ring", "Simple", "nvlink", 8, 1),
             {"collective": "broadcast", "same_channels": False},
-            8.4 + 8 * 28.0,
+            8.4 + 8 * 4.0,
         ),
         (("ring", "Simple", "nvlink", 1, 1), {}, 0.0),
     ],

@@ -13,7 +13,16 @@ from hypothesis import strategies as st
 from ccltune.api.common import Collective
 from ccltune.model.check import ScheduleError, check_schedule
 from ccltune.model.ir import Schedule, Transfer
-from ccltune.model.msccl import MscclFormatError, from_msccl_xml, to_msccl_xml
+from ccltune.model.msccl import MscclFormatError, lower_msccl, to_msccl_xml
+from ccltune.model.msccl_limits import (
+    MAX_XML_NODES,
+    callable_sizes,
+    first_selected,
+    selected,
+    size_multiplier,
+    xml_nodes,
+)
+from ccltune.model.msccl_reader import from_msccl_xml
 
 ALGO = ("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace",
         "minBytes", "maxBytes")  # fmt: skip
@@ -225,20 +234,18 @@ def test_ring_allgather_lowering_is_what_msccl_tools_would_write() -> None:
     assert gpu0 is not None
     assert dict(gpu0.attrib) == {"id": "0", "i_chunks": "1", "o_chunks": "3", "s_chunks": "0"}
     tbs = gpu0.findall("tb")
-    # one tb for the ring neighbours (send 1, recv 2) and one for the local input->output copy
-    assert [(tb.get("send"), tb.get("recv")) for tb in tbs] == [("-1", "-1"), ("1", "2")]
+    # one tb for the ring neighbours (send 1, recv 2); the local input->output copy rides at its
+    # end instead of taking a threadblock (an SM) of its own
+    assert [(tb.get("send"), tb.get("recv")) for tb in tbs] == [("1", "2")]
     ring = [(x.get("type"), x.get("srcbuf"), x.get("srcoff"), x.get("dstbuf"), x.get("dstoff"))
-            for x in tbs[1].findall("step")]  # fmt: skip
+            for x in tbs[0].findall("step")]  # fmt: skip
     # transfers run in level order (Kahn): own chunk out, then both arrivals, then the forward
     assert ring == [
         ("s", "i", "0", "o", "0"),  # own chunk straight from the input
         ("r", "i", "0", "o", "2"),  # src names the sender's slot (gpu 2's input)
         ("r", "o", "1", "o", "1"),  # gpu 1's chunk, forwarded by gpu 2 from its output
         ("s", "o", "2", "o", "2"),  # forward what arrived from gpu 2
-    ]
-    copy = tbs[0].findall("step")
-    assert [(x.get("type"), x.get("srcbuf"), x.get("dstbuf"), x.get("dstoff")) for x in copy] == [
-        ("cpy", "i", "o", "0")
+        ("cpy", "i", "0", "o", "0"),  # own chunk into the output, last
     ]
     assert "/>" in xml and " />" not in xml
 
@@ -304,18 +311,44 @@ def test_export_refuses_wrong_schedules_and_bad_options() -> None:
         to_msccl_xml(a2a, name="x", proto="Simple", inplace=True)
 
 
+def _two_rank_stream(c: int) -> Schedule:
+    """2 ranks swap c chunks one at a time (scattered so that no two merge into one step)."""
+    s = Schedule("long", Collective.ALLGATHER, 2, c)
+    for k in range(2 * c):
+        s.add(Transfer(k // c, 1 - k // c, k, deps=(k - 1,) if k % c else ()))
+    return s
+
+
 def test_export_enforces_executor_step_limit() -> None:
-    s = Schedule("long", Collective.ALLGATHER, 2, 100)
-    for k in range(200):
-        s.add(Transfer(k // 100, 1 - k // 100, k, deps=(k - 1,) if k % 100 else ()))
-    # 100 sends + 100 receives per tb are fine ...
-    to_msccl_xml(s, name="x", proto="Simple")
-    s.chunks_per_rank = 300
-    s.transfers = []
-    for k in range(600):
-        s.add(Transfer(k // 300, 1 - k // 300, k, deps=(k - 1,) if k % 300 else ()))
-    with pytest.raises(MscclFormatError, match="needs 600 steps; the executor allows 256"):
-        to_msccl_xml(s, name="x", proto="Simple")
+    # 31 sends + 31 receives + 1 copy: 63 steps in the one threadblock fit the executor's 64 ...
+    low = lower_msccl(_two_rank_stream(31))
+    assert (low.max_steps, low.threadblocks) == (63, 1)
+    to_msccl_xml(_two_rank_stream(31), name="x", proto="Simple")
+    # ... 65 do not (MSCCL_MAX_NUM_STEPS defaults to 64), unless the executor is built for more
+    with pytest.raises(MscclFormatError, match="needs 65 steps; the executor allows 64"):
+        to_msccl_xml(_two_rank_stream(32), name="x", proto="Simple")
+    to_msccl_xml(_two_rank_stream(32), name="x", proto="Simple", max_steps=256)
+
+
+def test_export_enforces_the_threadblock_budget() -> None:
+    s = ring_allgather(3)
+    s.transfers[0] = Transfer(0, 1, 0, channel=1)  # a second channel: a second threadblock
+    assert lower_msccl(s).threadblocks == 2
+    with pytest.raises(MscclFormatError, match="gpu 0 needs 2 threadblocks; the limit is 1"):
+        to_msccl_xml(s, name="x", proto="Simple", max_threadblocks=1)
+    to_msccl_xml(s, name="x", proto="Simple", max_threadblocks=2)
+
+
+def test_export_counts_xml_nodes_per_rank_as_the_parser_does() -> None:
+    # The executor parses one rank at a time: <algo>, every <gpu>, that rank's <tb>s and <step>s
+    # (msccl_parser.h MAX_NODES 4096).
+    low = lower_msccl(ring_allgather(3))
+    assert low.max_xml_nodes == 1 + 3 + 1 + 5
+    assert xml_nodes(1020, 4, 3071) == MAX_XML_NODES
+    low.require()
+    low.schedule = Schedule("big", Collective.ALLGATHER, 1025, 1)
+    with pytest.raises(MscclFormatError, match="1025 gpus"):
+        low.require()
 
 
 GOOD = to_msccl_xml(ring_allgather(3), name="ring3", proto="Simple")
@@ -361,22 +394,29 @@ def test_import_errors_name_the_element(mutate, message: str) -> None:  # type: 
         from_msccl_xml(mutate(GOOD))
 
 
+def _two_threadblock_ring() -> str:
+    """ring3 with gpu 0's first send on channel 1: gpu 0 has tb 0 (s, cpy) and tb 1 (r, r, s)."""
+    s = ring_allgather(3)
+    s.transfers[0] = Transfer(0, 1, 0, channel=1)
+    return to_msccl_xml(s, name="ring3", proto="Simple")
+
+
 def test_import_detects_deadlock_and_silent_dependencies() -> None:
-    # gpu 0's ring tb first waits on its copy tb's step 0, which never signals (hasdep=0)
-    algo = ET.fromstring(GOOD)
+    # gpu 0's ring tb first waits on the copy in tb 0, which never signals (hasdep=0)
+    algo = ET.fromstring(_two_threadblock_ring())
     gpu0 = algo.findall("gpu")[0]
-    ring_tb = gpu0.findall("tb")[1]
+    first_tb, ring_tb = gpu0.findall("tb")
     first = ring_tb.findall("step")[0]
     first.set("depid", "0")
-    first.set("deps", "0")
+    first.set("deps", "1")
     with pytest.raises(MscclFormatError, match="hasdep=0 and so never signals"):
         from_msccl_xml(ET.tostring(algo, encoding="unicode"))
-    # and if it does signal but the copy waits for the ring's last step: a cycle
-    copy = gpu0.findall("tb")[0].findall("step")[0]
-    copy.set("hasdep", "1")
-    copy.set("depid", "1")
-    copy.set("deps", "3")
-    ring_tb.findall("step")[3].set("hasdep", "1")
+    # and if it does signal but tb 0's send waits for the ring's last step: a cycle
+    first_tb.findall("step")[1].set("hasdep", "1")
+    send = first_tb.findall("step")[0]
+    send.set("depid", "1")
+    send.set("deps", "2")
+    ring_tb.findall("step")[2].set("hasdep", "1")
     with pytest.raises(MscclFormatError, match="deadlock"):
         from_msccl_xml(ET.tostring(algo, encoding="unicode"))
 
@@ -389,7 +429,7 @@ def test_import_rejects_reading_empty_buffers() -> None:
         1,
     )
     with pytest.raises(
-        MscclFormatError, match=r"gpu 0 tb 1 step 0: reads o\[1\], which holds no data"
+        MscclFormatError, match=r"gpu 0 tb 0 step 0: reads o\[1\], which holds no data"
     ):
         from_msccl_xml(text)
 
@@ -463,3 +503,32 @@ def test_import_foreign_inplace_algorithm() -> None:
     # and back out in our own lowering, which is valid out of place and in place
     again = from_msccl_xml(to_msccl_xml(s, name="again", proto="LL", inplace=True))
     assert per_chunk(again) == per_chunk(s)
+
+
+def test_selection_rule_is_the_executors() -> None:
+    # allgather on 16 ranks, 2 chunks per rank: nchunksperloop 32; the executor runs a call of
+    # `count` elements per rank when count * 16 % 32 == 0, i.e. for even counts
+    assert selected(Collective.ALLGATHER, 16, 32, 16 * 2 * 2, 2)  # count 2
+    assert not selected(Collective.ALLGATHER, 16, 32, 16 * 2 * 1, 2)  # count 1
+    assert selected(Collective.ALLGATHER, 16, 32, 1000, 2)  # no call has 1000 bytes on 16 ranks
+    # allreduce (sizeMultiplier 1): count % nchunksperloop
+    assert selected(Collective.ALLREDUCE, 16, 64, 256, 4) and not selected(
+        Collective.ALLREDUCE, 16, 64, 128, 4
+    )
+
+
+def test_first_selected_covers_every_size_a_framework_calls() -> None:
+    # 16-rank allgather with 4 chunks per rank: fp32 calls of 1 KiB have 16 elements per rank,
+    # 512 B have 8: both divisible by 4; 256 B (4) too; 128 B (2 elements) is not
+    assert first_selected(Collective.ALLGATHER, 16, 64, 64) == 129
+    assert first_selected(Collective.ALLGATHER, 16, 64, 1024) == 1024
+    # the range's upper end bounds the search; a range with nothing selectable is None
+    assert first_selected(Collective.ALLGATHER, 16, 64, 64, 128) is None
+    # 12 ranks: 12 x e x 2^k are the calls (powers of two are no whole number of elements)
+    assert callable_sizes(Collective.ALLGATHER, 12, 40, 100) == [48, 64, 96]
+    # 2 chunks per rank: fp32 with 1 element per rank (48 B) is the largest call it misses
+    assert first_selected(Collective.ALLGATHER, 12, 24, 1) == 49
+    # a non-power-of-two chunk count divides no power-of-two size: allreduce on 12 ranks
+    assert first_selected(Collective.ALLREDUCE, 12, 12, 1024) is None
+    assert size_multiplier(Collective.REDUCESCATTER, 8) == 8
+    assert size_multiplier(Collective.BROADCAST, 8) == 1

@@ -7,12 +7,14 @@ from cost_model_topos import spec_topology
 
 from ccltune.api.common import Source
 from ccltune.model.busbw import busbw_gbps
+from ccltune.model.cost import Arch, ll_max_bw
 from ccltune.model.nccl_default import (
     default_estimate,
     nccl_default,
     nccl_graph,
     predicted_time_us,
     simulation_shape,
+    tree_ll128_chunk,
 )
 
 
@@ -102,3 +104,26 @@ def test_single_gpu() -> None:
     assert nccl_default("allreduce", 1024, one).predicted_time_us == 0.0
     with pytest.raises(ValueError, match="has 1 GPU"):
         default_estimate("allreduce", 1024, one)
+
+
+def test_tree_ll128_chunks_follow_nccl() -> None:
+    # enqueue.cc calcCollChunking, 2 nodes x 8: 8 MiB over 8 channels halves 576 000 three times;
+    # a 1 GiB call keeps the full step; one node (ppn 8) needs fewer chunks per channel.
+    assert tree_ll128_chunk(8 << 20, 8, 16, 2) == 72_000
+    assert tree_ll128_chunk(1 << 30, 8, 16, 2) == 576_000
+    assert simulation_shape("allreduce", "tree", "LL128", 8 << 20, 8, 16, 50_000, nnodes=2)[0] >= 14
+
+
+def test_mid_size_tree_is_not_slower_than_a_bigger_ring(two_nodes) -> None:
+    # Issue 14: tree/LL128 at 8 MiB was simulated with 2 pipeline chunks (891.7 us on dgx-a100-2,
+    # three times ring's 16 MiB time); NCCL pipelines it in ~72 KB chunks.
+    mid = default_estimate("allreduce", 8 << 20, two_nodes, with_bound=False)
+    big = default_estimate("allreduce", 16 << 20, two_nodes, with_bound=False)
+    assert mid.choice is not None and mid.choice.algorithm == "tree"
+    assert mid.time_us < big.time_us
+
+
+def test_ll_bandwidth_cap_is_the_cpu_vendors_across_nodes(two_nodes) -> None:
+    # tuning.cc llMaxBws: the GPU row on one node, the CPU row (Intel: 39.0 GB/s at 2 nodes) across.
+    assert ll_max_bw(Arch.AMPERE, 1) == 87.7 and ll_max_bw(Arch.HOPPER, 1) == 141.0
+    assert ll_max_bw(Arch.AMPERE, 2) == 39.0 and ll_max_bw(Arch.AMPERE, 4, "amd") == 19.0

@@ -7,10 +7,11 @@ import json
 from ccltune.api.ccltuning import CCLTuningSpec
 from ccltune.api.common import Source
 from ccltune.model.check import check_schedule
-from ccltune.model.msccl import from_msccl_xml
+from ccltune.model.msccl_reader import from_msccl_xml
 from ccltune.pipeline import build_plan
 from ccltune.publish.configmaps import render_configmaps
 from ccltune.publish.files import MSCCL_DIR, TUNER_CSV
+from ccltune.publish.runtime import algo_meta, selected_everywhere
 from ccltune.publish.unpack import read_configmaps, restore
 from ccltune.topology.presets import load_preset
 
@@ -35,14 +36,20 @@ def test_tuning_step_tunes_every_task_and_publishes_the_tuner_table() -> None:
 
 def test_synthesis_step_publishes_checked_msccl_files_where_they_win() -> None:
     topo = load_preset("syccl-a800-16")
-    plan = build_plan(_spec(synthesis={"enabled": True, "timeBudgetSeconds": 60}), topo, name="s")
+    # 16 threadblocks: more than NCCL's own 4 channels here, so 8-block schedules compete.
+    synthesis = {"enabled": True, "timeBudgetSeconds": 60, "maxThreadblocks": 16}
+    plan = build_plan(_spec(synthesis=synthesis, publish={"runtime": "msccl"}), topo, name="s")
     task = plan.tasks[0]
     msccl = [e for e in task.chosen_estimates if e.choice and e.choice.kind == "msccl"]
     files = {f.path: f.content for f in plan.files if f.path.startswith(MSCCL_DIR + "/")}
     assert msccl
     assert not [n for n in task.notes if "ConfigMap limit" in n]  # large files are published too
+    metas = [algo_meta(p, text) for p, text in files.items()]
     for e in msccl:
         assert e.choice is not None and e.choice.msccl_file in files
+        assert e.choice.realized_by == e.choice.msccl_file
+        claim = next(m for m in metas if m.path == e.choice.msccl_file)
+        assert selected_everywhere(metas, claim, e.size_bytes)  # the executor runs this file
         default = next(d for d in task.default_estimates if d.size_bytes == e.size_bytes)
         assert e.time_us < default.time_us
     for text in files.values():

@@ -10,7 +10,7 @@ from synth_helpers import make_cluster
 
 from ccltune.api.common import Collective
 from ccltune.model.check import check_schedule
-from ccltune.model.msccl import from_msccl_xml
+from ccltune.model.msccl_reader import from_msccl_xml
 from ccltune.synth.engine import synthesize
 
 clusters = st.builds(

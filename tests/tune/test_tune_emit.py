@@ -17,7 +17,7 @@ from ccltune.api.plan import TaskKey
 from ccltune.tune.emit import (
     SIZE_MAX,
     TunerRow,
-    algo_proto_env,
+    check_process_wide,
     merge_rows,
     render_nccl_conf,
     render_tuner_csv,
@@ -109,26 +109,20 @@ def test_alltoall_has_no_tuner_rows() -> None:
     assert rows == []
 
 
-def test_algo_proto_strings() -> None:
-    ar = TaskKey(collective="allreduce", min_bytes=1, max_bytes=10, ranks=16, nodes=2)
-    ag = ar.model_copy(update={"collective": "allgather"})
-    choices = [(ar, Config(Impl("tree", "LL"), 4, 512, 4 << 20)),
-               (ar.model_copy(update={"min_bytes": 11, "max_bytes": 20}), Config(Impl("nvls_tree", "Simple"), 4, 512, 4 << 20)),
-               (ag, Config(Impl("pat", "Simple"), 4, 512, 4 << 20))]
-    new = algo_proto_env(choices, (2, 24))
-    assert new == {"NCCL_ALGO": "allgather:pat,ring;allreduce:nvlstree,tree,ring",
-                   "NCCL_PROTO": "allgather:Simple;allreduce:LL,Simple"}
-    old = algo_proto_env(choices, (2, 21))  # global list; PAT unknown before 2.23
-    assert old == {"NCCL_ALGO": "nvlstree,tree,ring", "NCCL_PROTO": "Simple,LL"}
-    assert algo_proto_env([], (2, 24)) == {}
+def test_process_wide_settings_never_restrict_per_call_choices() -> None:
+    check_process_wide({"NCCL_BUFFSIZE": "8388608"})
+    with pytest.raises(AssertionError, match="NCCL_ALGO"):
+        check_process_wide({"NCCL_ALGO": "ring"})
+    with pytest.raises(AssertionError, match="LL128"):
+        check_process_wide({"NCCL_X": "Simple,ll128"})
+    with pytest.raises(AssertionError, match="NCCL_PROTO"):
+        render_nccl_conf({"NCCL_PROTO": "Simple"})
 
 
 def test_nccl_conf_lines(tuned) -> None:
     text = tuned.nccl_conf
     lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
     env = dict(ln.split("=", 1) for ln in lines)
-    assert env == tuned.env and "NCCL_ALGO" in env
-    for coll in env["NCCL_ALGO"].split(";"):
-        assert "ring" in coll.split(":")[1].split(",")  # 2.24+: ring keeps every call runnable
+    assert env == tuned.env and not {"NCCL_ALGO", "NCCL_PROTO"} & env.keys()
     with pytest.raises(ValueError, match="one KEY=VALUE line"):
         render_nccl_conf({"NCCL_X": "a\nb"})

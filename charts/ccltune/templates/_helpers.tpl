@@ -134,7 +134,7 @@ app.kubernetes.io/component: {{ .component }}
   "agent_service_account" (include "ccltune.serviceAccountName" (dict "ctx" . "component" "agent"))
   "agent_resources" .Values.agent.resources
   "agent_tolerations" .Values.agent.tolerations
-  "agent_args" (concat (list "run" "--sysfs-root=/host" (printf "--health-addr=0.0.0.0:%v" .Values.agent.healthPort) (printf "--interval=%v" .Values.agent.probeIntervalSeconds)) .Values.agent.args)
+  "agent_args" (concat (list "run" "--sysfs-root=/host" "--cpuinfo=/proc/cpuinfo" (printf "--health-addr=0.0.0.0:%v" .Values.agent.healthPort) (printf "--interval=%v" .Values.agent.probeIntervalSeconds)) .Values.agent.args)
   "agent_health_port" .Values.agent.healthPort
   "gpu_node_label" .Values.agent.gpuNodeLabel
   "job_service_account" (include "ccltune.serviceAccountName" (dict "ctx" . "component" "jobs"))
@@ -145,9 +145,15 @@ app.kubernetes.io/component: {{ .component }}
   "inprocess_max_synth_gpus" $op.inprocess.maxSynthGpus
   "inprocess_max_trials" $op.inprocess.maxTrials
   "inprocess_concurrency" $op.inprocess.concurrency
+  "inprocess_max_work" $op.inprocess.maxWork
+  "max_plan_work" $op.limits.maxPlanWork
   "topology_timeout_seconds" $op.topologyTimeoutSeconds
   "metrics_port" $op.metricsPort
   "webhook_port" .Values.webhook.port
+  "webhook_failure_policy" .Values.webhook.failurePolicy
+  "webhook_api_timeout_seconds" (max 1 (sub (int .Values.webhook.timeoutSeconds) 1))
+  "heal_interval_seconds" $op.healIntervalSeconds
+  "log_format" $op.logFormat
   "unpack_image" (include "ccltune.unpackImage" .)
   "unpack_resources" .Values.webhook.unpack.resources
 -}}
@@ -171,7 +177,8 @@ app.kubernetes.io/component: {{ .component }}
 {{/* kopf run arguments: standalone (one replica, no peering objects), health endpoint, scope. */}}
 {{- define "ccltune.operatorArgs" -}}
 - --standalone
-- --log-format=json
+{{- /* kopf's own lines before the operator's config is read; same format after. */}}
+- --log-format={{ if eq .Values.operator.logFormat "text" }}full{{ else }}json{{ end }}
 {{- if eq .Values.operator.logLevel "debug" }}
 - --debug
 {{- else if eq .Values.operator.logLevel "warning" }}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic.alias_generators import to_camel
 
 from .common import (
     CONDITION_LIST,
@@ -15,11 +17,80 @@ from .common import (
     ShortText,
     SizeText,
     WireModel,
+    format_size,
     parse_size,
 )
 
 LabelValue = Annotated[str, Field(max_length=63)]
 LabelKey = Annotated[str, Field(max_length=317)]
+
+# What the API server accepts as a ConfigMap (or Job, workload) name: RFC 1123 subdomain.
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
+
+# The largest message a task may plan for. Frameworks' biggest single calls are gradient and
+# parameter buckets: DeepSpeed's reduce/allgather_bucket_size default 5e8 elements (~1-2 GB,
+# https://www.deepspeed.ai/docs/config-json/), PyTorch DDP's bucket_cap_mb 25 MB; 16 GiB leaves
+# room for whole-layer FSDP gathers of very large models while ruling out typos such as 1T.
+MAX_TASK_BYTES = 16 << 30
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _int_at_most(limit: int) -> str:
+    """Regex for a decimal integer (leading zeros stripped) <= limit."""
+    s = str(limit)
+    alts = [f"[0-9]{{1,{len(s) - 1}}}"] if len(s) > 1 else []
+    for i, d in enumerate(s):
+        if d != "0":
+            rest = len(s) - i - 1
+            alts.append(s[:i] + f"[0-{int(d) - 1}]" + (f"[0-9]{{{rest}}}" if rest else ""))
+    alts.append(s)
+    return "(" + "|".join(alts) + ")"
+
+
+def _fraction_at_most(digits: str) -> str:
+    """Regex for fraction digits whose value is <= 0.<digits>."""
+    alts = [digits[:i] + "0*" for i in range(1, len(digits) + 1)]
+    alts += [digits[:i] + f"[0-{int(d) - 1}][0-9]*" for i, d in enumerate(digits) if d != "0"]
+    return "(" + "|".join(alts) + ")"
+
+
+def _numeral_at_most(limit: Fraction) -> str:
+    """Regex for a decimal numeral (digits, optional .digits) whose value is <= limit."""
+    whole, rest = divmod(limit, 1)
+    alts = [f"0*{_int_at_most(int(whole) - 1)}([.][0-9]+)?"] if whole >= 1 else []
+    at = f"0*{int(whole)}" if whole >= 1 else "0+"
+    if rest == 0:
+        alts.append(f"{at}([.]0+)?")
+    else:  # unit sizes are powers of two, so the fraction has a finite decimal expansion
+        digits = ""
+        while rest:
+            rest *= 10
+            digits += str(int(rest))
+            rest -= int(rest)
+        alts.append(f"{at}([.]{_fraction_at_most(digits)})?")
+    return "(" + "|".join(alts) + ")"
+
+
+def size_at_most_regex(limit: int) -> str:
+    """The SIZE_PATTERN texts whose parse_size is <= limit bytes (what CEL checks at admission)."""
+    alts = []
+    for unit, scale in _UNITS.items():
+        suffix = f"[{unit}{unit.lower()}]i?[Bb]?" if unit else "[Bb]?"
+        alts.append(_numeral_at_most(Fraction(limit, scale)) + r"\s*" + suffix)
+    return r"^\s*(" + "|".join(alts) + r")\s*$"
+
+
+def _too_big(field: str) -> str:
+    return (f"{field} must be at most {format_size(MAX_TASK_BYTES)} "
+            "(the largest single collective ccltune plans for)")
+
+
+def _size_rule(field: str) -> dict[str, list[dict[str, str]]]:
+    regex = size_at_most_regex(MAX_TASK_BYTES).replace("\\", "\\\\")
+    return {"x-kubernetes-validations": [{"rule": f"self.matches('{regex}')", "message": _too_big(field)}]}
+
+
 
 
 class LabelSelectorRequirement(WireModel):
@@ -35,7 +106,7 @@ class LabelSelector(WireModel):
 
 class WorkloadRef(WireModel):
     kind: Literal["Job", "JobSet", "PyTorchJob", "MPIJob"]
-    name: Name
+    name: ObjectName
 
 
 class NodeTarget(WireModel):
@@ -50,11 +121,18 @@ class CollectiveTask(WireModel):
     """One collective to plan over a size range, for a communicator of a given role."""
 
     op: Collective
-    min_bytes: SizeText = "1K"
-    max_bytes: SizeText = "1G"
+    min_bytes: Annotated[SizeText, Field(json_schema_extra=_size_rule("minBytes"))] = "1K"
+    max_bytes: Annotated[SizeText, Field(json_schema_extra=_size_rule("maxBytes"))] = "1G"
     role: Role = "world"
     # Communicator size; default: what the role implies (world = all target GPUs).
     ranks: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+
+    @field_validator("min_bytes", "max_bytes")
+    @classmethod
+    def _at_most(cls, text: str, info: ValidationInfo) -> str:
+        if parse_size(text) > MAX_TASK_BYTES:
+            raise ValueError(f"{_too_big(to_camel(info.field_name or ''))}, got {text}")
+        return text
 
     @model_validator(mode="after")
     def _range(self) -> CollectiveTask:
@@ -75,6 +153,10 @@ class Parallelism(WireModel):
 class SynthesisOptions(WireModel):
     enabled: bool = False
     time_budget_seconds: Annotated[int, Field(ge=1, le=86_400)] = 600
+    # SM budget: threadblocks per GPU an MSCCL schedule may take from the job's kernels. Unset:
+    # no more than NCCL's own choice uses for that collective (docs/synthesis.md). The executor
+    # holds at most 32 per channel x 32 channels (msccl_struct.h, device.h).
+    max_threadblocks: Annotated[int, Field(ge=1, le=1024)] | None = None
 
 
 class TuningOptions(WireModel):
@@ -92,7 +174,7 @@ class TuningOptions(WireModel):
     enabled: bool = False
     searcher: Literal["autoccl", "mraco", "grid", "random"] = "autoccl"
     profiler: Literal["simulated", "replay", "live"] = "simulated"
-    replay_config_map: Name | None = None
+    replay_config_map: ObjectName | None = None
     budget: Annotated[int, Field(ge=1, le=100_000)] = 200
     seed: Annotated[int, Field(ge=0)] = 0
 
@@ -103,12 +185,16 @@ Runtime = Literal["nccl", "msccl", "rccl"]
 
 
 class PublishOptions(WireModel):
-    config_map_name: Name | None = None
+    config_map_name: ObjectName | None = None
     inject: bool = True
     runtime: Runtime = "nccl"
-    nccl_version: Annotated[str, Field(max_length=16, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")] = (
-        "2.24"
-    )
+    # NCCL_TOPO_FILE: auto = only where it helps and is safe (docs/topology.md); always = whenever
+    # every node's file is the same; never.
+    topology_file: Literal["auto", "always", "never"] = "auto"
+    # The NCCL under the runtime; None: the runtime's own (publish/runtime.py: 2.23 for msccl).
+    nccl_version: (
+        Annotated[str, Field(max_length=16, pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")] | None
+    ) = None
 
 
 class CCLTuningSpec(WireModel):

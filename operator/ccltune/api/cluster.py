@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from .common import Message, Name, ShortText, WireModel
+from .nodetopology import HostCpu
 
 
 class DeviceKind(StrEnum):
@@ -66,6 +67,15 @@ class ClusterNode(WireModel):
     fabric: dict[str, Annotated[str, Field(max_length=63)]] = {}
 
 
+class NodeNcclTopology(WireModel):
+    """The NCCL topology file of some nodes, written from their agents' reports (real bus ids)."""
+
+    nodes: Annotated[list[Name], Field(min_length=1)]
+    xml: Annotated[str, Field(max_length=262144)]
+    # The report says the VM hides the PCIe switches (NCCL's own reason for NCCL_TOPO_FILE).
+    pcie_hidden: bool = False
+
+
 class ClusterTopology(WireModel):
     name: Name
     description: Message = ""
@@ -79,6 +89,11 @@ class ClusterTopology(WireModel):
     asymmetry_reason: Message | None = None
     # Where each number came from: key -> citation (vendor spec, paper, probe).
     sources: dict[str, Message] = {}
+    # The host CPU of every node (NCCL's topology file needs it); None: unknown.
+    host_cpu: HostCpu | None = None
+    # One entry per distinct file, only when built from NodeTopology reports; empty for cluster
+    # files and presets, whose PCI bus ids are synthetic.
+    nccl_topology: list[NodeNcclTopology] = []
 
     @model_validator(mode="after")
     def _consistent(self) -> ClusterTopology:

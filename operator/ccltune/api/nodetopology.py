@@ -46,6 +46,10 @@ class GPU(WireModel):
         None
     )
     mig_enabled: bool = False
+    # AMD GPUs: ROCm target name (e.g. "gfx942") and compute units, as RCCL's topology file has them.
+    gcn_arch: Annotated[str, Field(max_length=16, pattern=r"^gfx[0-9a-f]+$")] | None = None
+    compute_units: Annotated[int, Field(ge=1, le=4096)] | None = None
+    # NVLink, or for AMD GPUs their xGMI (Infinity Fabric) links to peer GPUs.
     nvlinks: Annotated[list[NVLink], Field(max_length=64)] = []
 
 
@@ -63,12 +67,31 @@ class PciDevice(WireModel):
     class_code: Annotated[str, Field(max_length=10, pattern=r"^0x[0-9a-fA-F]{6}$")]
     vendor: Annotated[str, Field(max_length=8)] | None = None
     device: Annotated[str, Field(max_length=8)] | None = None
+    subsystem_vendor: Annotated[str, Field(max_length=8)] | None = None
+    subsystem_device: Annotated[str, Field(max_length=8)] | None = None
     parent: PciBusId | None = None  # None: directly below a root complex
     numa_node: Annotated[int, Field(ge=-1, le=1023)] = -1
     link_speed: Annotated[str, Field(max_length=32)] | None = None  # e.g. "16.0 GT/s PCIe"
     max_link_speed: Annotated[str, Field(max_length=32)] | None = None
     link_width: Annotated[int, Field(ge=0, le=32)] | None = None
     max_link_width: Annotated[int, Field(ge=0, le=32)] | None = None
+
+
+class HostCpu(WireModel):
+    """The host CPU as NCCL's topology file names it (src/graph/xml.cc ncclTopoGetXmlFromCpu)."""
+
+    arch: Literal["x86_64", "arm64", "ppc64"]
+    vendor: Annotated[str, Field(max_length=16)] | None = None  # CPUID vendor, e.g. "GenuineIntel"
+    # CPUID family and model with their extended fields added, as NCCL computes them (x86 only).
+    family_id: Annotated[int, Field(ge=0, le=0x10FF)] | None = None
+    model_id: Annotated[int, Field(ge=0, le=0xFF)] | None = None
+    model_name: ShortText | None = None  # /proc/cpuinfo "model name", for people
+
+    def nccl_complete(self) -> bool:
+        """Every attribute NCCL's loader reads for this arch is known (topo.cc ncclTopoAddCpu)."""
+        if self.arch != "x86_64":
+            return True
+        return self.vendor is not None and self.family_id is not None and self.model_id is not None
 
 
 class NICPort(WireModel):
@@ -122,6 +145,7 @@ class NodeTopologySpec(WireModel):
     # TuCCL stage 1: the NIC each GPU uses (shares its PCIe switch or root), keyed by GPU index.
     nic_binding: dict[str, Annotated[str, Field(max_length=64)]] = {}
     numa_nodes: Annotated[list[NumaNode], Field(max_length=64)] = []
+    cpu: HostCpu | None = None  # from /proc/cpuinfo; None when it could not be read
     # True when a VM hides PCIe switches: devices are grouped by NUMA node, no switch is invented.
     pcie_flattened: bool = False
     notes: Annotated[list[Message], Field(max_length=32)] = []

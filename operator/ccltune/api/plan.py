@@ -81,6 +81,7 @@ class PlanFile(WireModel):
 class Plan(WireModel):
     name: str
     cluster: str
+    runtime: Literal["nccl", "msccl", "rccl"] = "nccl"  # spec.publish.runtime the files are for
     world_size: int
     nodes: int
     tasks: list[PlanTask]

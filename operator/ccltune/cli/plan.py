@@ -12,10 +12,11 @@ from ..api.ccltuning import CCLTuningSpec
 from ..api.common import format_size
 from ..api.plan import PlanFile, PlanTask
 from ..pipeline import build_plan
-from ..publish.configmaps import render_configmaps
-from ..publish.report import task_rows
+from ..publish.configmaps import pointer_name, render_configmaps
+from ..publish.report import RUNTIME_LINE, task_rows
 from ..topology.export import describe
 from ..topology.load import load_cluster
+from ..workload import preflight
 from .common import ccltuning_document, console, size_table, user_errors
 
 
@@ -44,11 +45,14 @@ def plan(
     with user_errors():
         topo = load_cluster(cluster)
         console.print(f"[bold]cluster[/] {topo.name}: {describe(topo)}", highlight=False)
+        _keys, work = preflight(spec, topo)  # a spec that cannot be planned fails before any work
+        console.print(f"[bold]work estimate[/] {work.describe()}", highlight=False)
         with console.status("planning...") as status:
             result = build_plan(spec, topo, name=name, progress=lambda msg: status.update(msg))
-        config_map_name = spec.publish.config_map_name or f"{name}-ccltune"
+        config_map_name = pointer_name(name, spec.publish.config_map_name)
         manifests = render_configmaps(result, name=config_map_name, namespace=namespace)
         _write(out, result.files, manifests)
+    console.print(f"[bold]runtime[/] {RUNTIME_LINE[result.runtime]}", highlight=False)
     for task in result.tasks:
         _print_task(task)
     for note in result.notes:
@@ -71,19 +75,24 @@ def _write(out: Path, files: list[PlanFile], manifests: list[dict[str, Any]]) ->
 
 def _print_task(task: PlanTask) -> None:
     key = task.key
-    # algbw and the full labels are in report.md.
+    rows = task_rows(task)
+    sources = sorted({r.source for r in rows})
+    mixed = len(sources) > 1
+    # algbw and the full labels are in report.md; `via` names what realizes the row.
     table = size_table(
         f"{key.collective} · {key.role} · {key.ranks} ranks / {key.nodes} node(s)",
-        ["size", "choice", "time", "busbw", "bound", "% bound", "vs NCCL", "source"],
-        "time per call in µs; busbw and its bound in GB/s (nccl-tests' busbw)",
-    )
+        ["size", "choice", "time", "busbw", "bound", "% bound", "vs NCCL", "via",
+         *(["source"] if mixed else [])],
+        "time per call in µs; busbw and its bound in GB/s (nccl-tests' busbw)"
+        + ("" if mixed else f"; all {sources[0] if sources else ''}"),
+    )  # fmt: skip
     # A synthesized schedule's label is long: the table names it by file, a legend follows.
     legend: dict[str, str] = {}
-    for r, est in zip(task_rows(task), task.chosen_estimates, strict=True):
-        choice = r.choice
+    for r, est in zip(rows, task.chosen_estimates, strict=True):
+        choice, via = r.choice, _via(r.realized_by)
         if est.choice is not None and est.choice.kind == "msccl" and est.choice.msccl_file:
-            tag = legend.setdefault(est.choice.msccl_file, f"msccl#{len(legend) + 1}")
-            choice = f"{tag}/{est.choice.protocol}"
+            via = legend.setdefault(est.choice.msccl_file, f"msccl#{len(legend) + 1}")
+            choice = f"msccl/{est.choice.protocol}"
         table.add_row(
             format_size(r.size),
             choice,
@@ -92,13 +101,21 @@ def _print_task(task: PlanTask) -> None:
             "" if r.bound_busbw_gbps is None else f"{r.bound_busbw_gbps:.2f}",
             "" if r.pct_of_bound is None else f"{r.pct_of_bound:.0f}%",
             f"{r.speedup:.2f}x",
-            r.source,
+            via,
+            *([r.source] if mixed else []),
         )
     console.print(table)
     labels = {e.choice.msccl_file: e.choice.algorithm for e in task.chosen_estimates
               if e.choice is not None and e.choice.msccl_file}  # fmt: skip
     for path, tag in legend.items():
         console.print(f"  {tag} = {path}: {labels[path]}", highlight=False)
+
+
+def _via(realized_by: str) -> str:
+    """Short form of Choice.realized_by for the 80-column table."""
+    if realized_by == "NCCL default":
+        return "default"
+    return realized_by.replace("tuner row ", "row ")
 
 
 def register(app: typer.Typer) -> None:

@@ -61,9 +61,11 @@ def topology(
             console.print(f"wrote {astra}")
         if nccl_xml is not None:
             nccl_xml.mkdir(parents=True, exist_ok=True)
+            # From agent reports: each node's own file (real bus ids); else synthesized ones.
+            reported = {n: v.xml for v in topo.nccl_topology for n in v.nodes}
             for node in topo.nodes:
                 (nccl_xml / f"{node.name}.xml").write_text(
-                    write_nccl_xml(node_spec(topo, node.name))
+                    reported.get(node.name) or write_nccl_xml(node_spec(topo, node.name))
                 )
             console.print(f"wrote {len(topo.nodes)} NCCL topology files into {nccl_xml}/")
         if dump is not None:

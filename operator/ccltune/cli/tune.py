@@ -42,7 +42,7 @@ def tune(
     sharp: bool | None = typer.Option(None, "--sharp/--no-sharp", help="Network has SHARP (CollNet); default: node label 'sharp'."),
     launcher: str = typer.Option("", "--launcher", help="live: command prefix starting one process per GPU (e.g. 'mpirun -np 16 -x NCCL_ALGO ...')."),
     bindir: str = typer.Option("", "--bindir", help="live: directory of the nccl-tests binaries."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Write nccl_tuner.conf, nccl.conf and tuning.json here."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write tuner.table, nccl_tuner.conf, nccl.conf and tuning.json here."),
 ) -> None:
     """Tune NCCL (algorithm, protocol, channels, threads, buffer, transport) per task key."""
     with user_errors():
@@ -77,7 +77,7 @@ def tune(
             _write(out, result)
     _print(result)
     if out is not None:
-        console.print(f"wrote {out}/ (nccl_tuner.conf, nccl.conf, tuning.json)")
+        console.print(f"wrote {out}/ (tuner.table, nccl_tuner.conf, nccl.conf, tuning.json)")
 
 
 def _write(out: Path, result: TuningResult) -> None:

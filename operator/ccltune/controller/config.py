@@ -36,8 +36,10 @@ class OperatorConfig(BaseModel):
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
     agent_priority_class: str | None = None
-    # The agent reads the host's /sys mounted at /host/sys (see daemonset.py).
-    agent_args: list[str] = ["run", "--sysfs-root", "/host", "--health-addr", "0.0.0.0:8081"]
+    # The agent reads the host's /sys mounted at /host/sys (see daemonset.py); /proc/cpuinfo in the
+    # container already lists the host's CPUs, so it needs no mount.
+    agent_args: list[str] = ["run", "--sysfs-root", "/host", "--cpuinfo", "/proc/cpuinfo",
+                             "--health-addr", "0.0.0.0:8081"]
     agent_health_port: int | None = Field(8081, ge=1, le=65535)  # None: no probes
     # A node counts as a GPU node when it carries this label (GPU Feature Discovery sets it).
     gpu_node_label: str = "nvidia.com/gpu.present=true"
@@ -59,6 +61,11 @@ class OperatorConfig(BaseModel):
     inprocess_max_synth_gpus: int = Field(16, ge=0)
     inprocess_max_trials: int = Field(2000, ge=0)
     inprocess_concurrency: int = Field(1, ge=1, le=64)  # plans running in the operator at once
+    # Estimated work (units of ~1 ms, ccltune/workload.py) above which a plan runs as a Job, so
+    # in-process plans stay within seconds and never hold the queue for long.
+    inprocess_max_work: int = Field(5000, ge=0)
+    # Hard limit: a spec estimated above this is not planned at all (condition PlanTooLarge).
+    max_plan_work: int = Field(5_000_000, ge=1)
     topology_timeout_seconds: float = Field(300, gt=0)
     retry_seconds: float = Field(5, gt=0)
     job_poll_seconds: float = Field(15, gt=0)  # how often a pass re-checks a running plan Job
@@ -73,6 +80,17 @@ class OperatorConfig(BaseModel):
     webhook_insecure: bool = False  # plain HTTP: only for tests and local debugging
     # Name of the MutatingWebhookConfiguration kopf keeps in step; None: the chart owns it.
     webhook_managed: str | None = None
+    # What the webhook answers when it fails inside: Ignore admits the pod untuned (with a warning,
+    # an Event and a metric); Fail denies it. Mirrors the chart's webhook.failurePolicy.
+    webhook_failure_policy: str = Field("Ignore", pattern="^(Ignore|Fail)$")
+    # Budget for the webhook's API reads; below the webhook's timeoutSeconds so the pod gets our
+    # answer (admitted untuned) rather than the API server's timeout.
+    webhook_api_timeout_seconds: float = Field(3, gt=0, le=30)
+    # Every published generation is re-checked (pointer, content ConfigMaps, digests) at startup
+    # and this often; plan-Job ConfigMaps left without an owner are adopted or deleted.
+    heal_interval_seconds: float = Field(300, gt=0)
+    # json: one JSON object per line; text: plain lines. Both name the CCLTuning each line is about.
+    log_format: str = Field("json", pattern="^(json|text)$")
 
     @property
     def gpu_label(self) -> tuple[str, str]:

@@ -18,6 +18,7 @@ from ..api.ccltuning import CCLTuningSpec
 from ..api.cluster import ClusterTopology
 from ..api.common import API_GROUP
 from ..api.plan import Plan
+from ..workload import Workload
 from .config import OperatorConfig
 
 LABEL_INPUT = f"{API_GROUP}/plan-input"
@@ -59,17 +60,28 @@ class JobNames:
         return f"{self.job}-result"
 
 
-def needs_job(spec: CCLTuningSpec, cluster: ClusterTopology, ntasks: int, cfg: OperatorConfig) -> str | None:
+def needs_job(spec: CCLTuningSpec, cluster: ClusterTopology, work: Workload, cfg: OperatorConfig) -> str | None:
     """Why this plan should run as a Job, or None to run it in-process."""
     world = cluster.world_size
     if world > cfg.inprocess_max_gpus:
         return f"{world} GPUs > inprocessMaxGpus {cfg.inprocess_max_gpus}"
     if spec.synthesis.enabled and world > cfg.inprocess_max_synth_gpus:
         return f"synthesis over {world} GPUs > inprocessMaxSynthGpus {cfg.inprocess_max_synth_gpus}"
-    trials = spec.tuning.budget * max(ntasks, 1) if spec.tuning.enabled else 0
-    if trials > cfg.inprocess_max_trials:
-        return f"{trials} tuning trials > inprocessMaxTrials {cfg.inprocess_max_trials}"
+    if work.trials > cfg.inprocess_max_trials:
+        return f"{work.trials} tuning trials > inprocessMaxTrials {cfg.inprocess_max_trials}"
+    if work.units > cfg.inprocess_max_work:
+        return f"estimated work {work.units} > inprocessMaxWork {cfg.inprocess_max_work}"
     return None
+
+
+def over_limit(work: Workload, cfg: OperatorConfig) -> str | None:
+    """Which hard limit the plan exceeds, and by how much; None when it may be planned."""
+    if work.units <= cfg.max_plan_work:
+        return None
+    over = work.units - cfg.max_plan_work
+    return (f"estimated work {work.describe()} is over maxPlanWork {cfg.max_plan_work} by {over} "
+            f"({work.units / cfg.max_plan_work:.1f}x): narrow the size ranges, plan fewer "
+            "collectives or lower spec.tuning.budget")
 
 
 def _labels(names: JobNames, tuning_uid: str, role: str) -> dict[str, str]:

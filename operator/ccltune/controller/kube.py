@@ -20,6 +20,9 @@ from urllib.parse import quote
 import httpx
 
 USER_AGENT = "ccltune-operator/0.1"
+# Server-side conversion to metadata only (what kubectl and client-go's metadata client ask for);
+# plain JSON is the fallback a server without it answers with.
+_METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 _SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -104,8 +107,11 @@ class KubeClient:
         await self._http.aclose()
 
     async def request(self, method: str, path: str, *, params: dict[str, str] | None = None,
-                      body: Any = None, content_type: str = "application/json") -> Any:
+                      body: Any = None, content_type: str = "application/json",
+                      accept: str | None = None) -> Any:
         headers = {"Content-Type": content_type}
+        if accept:
+            headers["Accept"] = accept
         token = self._conn.bearer()
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -122,6 +128,18 @@ class KubeClient:
                   ) -> dict[str, Any] | None:
         try:
             result: dict[str, Any] = await self.request("GET", path_for(api_version, plural, namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    async def get_metadata(self, api_version: str, plural: str, name: str, namespace: str | None = None
+                           ) -> dict[str, Any] | None:
+        """Only the object's metadata (PartialObjectMetadata): existence checks without the data."""
+        try:
+            result: dict[str, Any] = await self.request(
+                "GET", path_for(api_version, plural, namespace, name), accept=_METADATA_ONLY)
         except ApiError as exc:
             if exc.status == 404:
                 return None

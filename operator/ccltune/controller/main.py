@@ -1,8 +1,9 @@
 """The operator: `kopf run --standalone -m ccltune.controller.main` (this module only wires handlers).
 
 Handlers: CCLTuning create/update/resume -> reconcile; CCLTuning deleted -> DaemonSet sync and
-Job cleanup; agent DaemonSet deleted -> recreate; Pod CREATE -> mutating webhook. A background
-task (reports.py) follows NodeTopology changes and re-plans the tunings that used them.
+Job cleanup; agent DaemonSet deleted -> recreate; Pod CREATE -> mutating webhook (admission.py).
+Background tasks: reports.py follows NodeTopology changes and re-plans the tunings that used
+them; healing.py re-checks published generations and sweeps plan-Job leftovers.
 """
 
 from __future__ import annotations
@@ -13,23 +14,28 @@ import os
 from datetime import datetime
 from typing import Any
 
-import httpx
 import kopf
 
 from ..api.common import API_GROUP, API_VERSION
-from . import daemonset, metrics, reports, webhook
+from . import admission, daemonset, healing, logs, metrics, reports, webhook
 from .config import ConfigError, load_config
 from .jobs import LABEL_TUNING_UID
-from .kube import ApiError, KubeClient, connection_from_env, event_body
+from .kube import KubeClient, connection_from_env
 from .reconcile import Context, forget, reconcile
 
 KOPF_PREFIX = f"kopf.{API_GROUP}"
-_state: dict[str, Context] = {}
+_state: dict[str, Any] = {}  # "ctx": Context, "healer": healing.Healer
 _tasks: set[asyncio.Task[None]] = set()
 
 
 def ctx() -> Context:
-    return _state["ctx"]
+    context: Context = _state["ctx"]
+    return context
+
+
+def healer() -> healing.Healer:
+    found: healing.Healer = _state["healer"]
+    return found
 
 
 @kopf.on.startup()
@@ -50,14 +56,19 @@ async def startup(*, settings: kopf.OperatorSettings, logger: kopf.Logger, **_: 
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"
     settings.posting.level = logging.WARNING  # Events come from condition transitions instead
     settings.execution.max_workers = 4
-    settings.admission.server = kopf.WebhookServer(
+    server = admission.WebhookServer(
         addr=cfg.webhook_addr, port=cfg.webhook_port, host=cfg.webhook_host,
         certfile=cfg.webhook_certfile, pkeyfile=cfg.webhook_keyfile, insecure=cfg.webhook_insecure)
+    server.failure_policy = cfg.webhook_failure_policy
+    settings.admission.server = server
     settings.admission.managed = cfg.webhook_managed
     metrics.serve(cfg.metrics_port)
+    logs.install(cfg.log_format)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API call is noise
-    _state["ctx"] = Context(client=KubeClient(connection_from_env()), cfg=cfg)
-    _tasks.add(asyncio.create_task(reports.follow(_state["ctx"]), name="nodetopology-watch"))
+    _state["ctx"] = context = Context(client=KubeClient(connection_from_env()), cfg=cfg)
+    _state["healer"] = healing.Healer(context)
+    _tasks.add(asyncio.create_task(reports.follow(context), name="nodetopology-watch"))
+    _tasks.add(asyncio.create_task(healer().run(), name="healer"))
     logger.info("ccltune operator configured: namespace=%s webhook=%s metrics=%s",
                 cfg.namespace, cfg.webhook_port, cfg.metrics_port or "off")
 
@@ -75,7 +86,12 @@ async def cleanup(**_: Any) -> None:
 @kopf.on.create(API_GROUP, API_VERSION, "ccltunings", id="plan")
 @kopf.on.update(API_GROUP, API_VERSION, "ccltunings", id="plan")
 async def plan(*, body: kopf.Body, started: datetime, logger: kopf.Logger, **_: Any) -> None:
-    await reconcile(ctx(), _raw(body), started=started, logger=logger)
+    raw = _raw(body)
+    token = logs.TUNING.set(f"{raw['metadata'].get('namespace')}/{raw['metadata'].get('name')}")
+    try:
+        await reconcile(ctx(), raw, started=started, logger=logger)
+    finally:
+        logs.TUNING.reset(token)
 
 
 def _deleted(type: str | None = None, **_: Any) -> bool:
@@ -91,6 +107,9 @@ async def tuning_gone(*, type: str, body: kopf.Body, logger: kopf.Logger, **_: A
     key = (meta["namespace"], meta["name"])
     c.inputs.pop(key, None)
     c.waiting.pop(key, None)
+    c.published.pop(key, None)
+    healer().repaired(key)
+    logs.forget(*key)
     forget(*key)
     # Published ConfigMaps go by owner reference; Jobs live in our namespace, so delete them here
     # (their input/result ConfigMaps are owned by the Job).
@@ -124,40 +143,12 @@ def tunings_by_namespace(*, namespace: str | None, name: str, uid: str, spec: ko
 @kopf.on.mutate("", "v1", "pods", operations=["CREATE"], id="inject",
                 side_effects=True, ignore_failures=True)
 async def inject(*, body: kopf.Body, patch: kopf.Patch, namespace: str | None, dryrun: bool,
-                 logger: kopf.Logger, **kwargs: Any) -> None:
+                 warnings: list[str], **kwargs: Any) -> None:
     index: kopf.Index[str, webhook.Entry] = kwargs["tunings_by_namespace"]
     pod = _raw(body)
-    ns = namespace or pod.get("metadata", {}).get("namespace") or "default"
-    labels = pod.get("metadata", {}).get("labels") or {}
-    chosen = webhook.select(labels, list(index.get(ns, [])))
-    if chosen is None:
-        metrics.INJECTIONS.labels("unselected").inc()
-        return
-    pod_name = pod.get("metadata", {}).get("name") or pod.get("metadata", {}).get("generateName", "") + "*"
-    tuning_ref = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": "CCLTuning",
-                  "name": chosen.name, "namespace": ns, "uid": chosen.uid}
-    pointer = None
-    if chosen.published:
-        try:
-            pointer = await ctx().client.get("v1", "configmaps", chosen.pointer, ns)
-        except ApiError as exc:
-            logger.warning("cannot read %s/%s: %s", ns, chosen.pointer, exc)
-    if pointer is None:
-        metrics.INJECTIONS.labels("no-plan").inc()
-        if not dryrun:  # kopf's event queue is not reachable from webhook requests: post directly
-            event = event_body(tuning_ref, "Warning", "PodNotInjected",
-                               f"pod {ns}/{pod_name} admitted unchanged: no published plan yet",
-                               component="ccltune-webhook")
-            try:
-                await ctx().client.create("v1", "events", event, ns)
-            except (ApiError, httpx.HTTPError) as exc:
-                logger.warning("could not post the PodNotInjected event: %s", exc)
-        return
-    desired = webhook.injected_pod(pod, webhook.read_manifest(pointer), chosen.name, ctx().cfg)
-    delta = webhook.changes(pod, desired)
-    for key, value in delta.items():
-        patch[key] = value
-    metrics.INJECTIONS.labels("injected" if delta else "already-injected").inc()
+    ns = namespace or (pod.get("metadata") or {}).get("namespace") or "default"
+    await admission.inject(ctx(), healer(), index.get(ns, []), pod=pod, patch=patch, namespace=ns,
+                           dryrun=dryrun, warnings=warnings)
 
 
 def _raw(obj: Any) -> dict[str, Any]:

@@ -18,6 +18,14 @@ PUBLISHED = Counter("ccltune_published_plans_total", "Plan generations published
 INJECTIONS = Counter("ccltune_webhook_pods_total", "Pods seen by the webhook by outcome",
                      ["outcome"])
 READY = Gauge("ccltune_tunings_ready", "CCLTunings whose Ready condition is True")
+WEBHOOK_FAILURES = Counter(
+    "ccltune_webhook_failures_total",
+    "Admission requests the webhook could not serve, by reason (the pod was admitted untuned "
+    "unless failurePolicy is Fail)", ["reason"])
+HEALS = Counter("ccltune_publication_repairs_total",
+                "Damaged published generations found (and republished), by what was wrong", ["reason"])
+SWEPT = Counter("ccltune_plan_job_leftovers_total",
+                "Plan-Job objects the healer adopted or deleted (job, configmap, adopted)", ["what"])
 DAEMONSET_SYNCS = Counter("ccltune_agent_daemonset_syncs_total", "Agent DaemonSet syncs by action",
                           ["action"])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ..publish.configmaps import LABEL_DIGEST, LABEL_PLAN, LABEL_ROLE
+from ..publish.configmaps import LABEL_DIGEST, LABEL_PLAN, LABEL_ROLE, plan_label
 from .kube import ApiError, KubeClient
 
 
@@ -54,11 +54,12 @@ async def apply_configmaps(client: KubeClient, manifests: list[dict[str, Any]], 
 async def prune(client: KubeClient, plan_name: str, keep: set[str], namespace: str) -> list[str]:
     """Delete content ConfigMaps of older generations of this plan (after the pointer moved)."""
     removed = []
-    items = await client.list("v1", "configmaps", namespace, label_selector=f"{LABEL_PLAN}={plan_name}")
+    label = plan_label(plan_name)
+    items = await client.list("v1", "configmaps", namespace, label_selector=f"{LABEL_PLAN}={label}")
     for cm in items:
         meta = cm["metadata"]
         labels = meta.get("labels") or {}
-        if labels.get(LABEL_PLAN) != plan_name or labels.get(LABEL_ROLE) != "content":
+        if labels.get(LABEL_PLAN) != label or labels.get(LABEL_ROLE) != "content":
             continue  # the server may not have filtered; check ourselves
         if meta["name"] in keep or LABEL_DIGEST not in labels:
             continue

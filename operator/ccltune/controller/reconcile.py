@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,9 +25,11 @@ from ..api.common import API_GROUP, API_VERSION
 from ..api.errors import one_line
 from ..api.nodetopology import NodeTopology
 from ..api.plan import Plan
-from . import daemonset, jobs, metrics, topology
+from ..workload import Workload
+from . import daemonset, healing, jobs, logs, metrics, topology
 from .config import OperatorConfig
 from .kube import ApiError, KubeClient
+from .planqueue import PlanQueue
 from .publishing import apply_configmaps, prune, with_owner
 from .selectors import target_nodes
 from .status import StatusBook
@@ -47,7 +50,12 @@ class Context:
     # Tunings waiting for reports of these nodes: (namespace, name) -> nodes.
     waiting: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     # In-process plans are CPU-bound and share the GIL: more at once only adds memory.
-    plan_slots: asyncio.Semaphore | None = None
+    plan_queue: PlanQueue | None = None
+    # (namespace, name) -> pointer ConfigMap of the generation this process published or found
+    # whole; the healer re-checks these (healing.py).
+    published: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Plan Jobs whose input ConfigMap this process has made theirs (owner reference).
+    adopted: set[str] = field(default_factory=set)
     gather_slots: asyncio.Semaphore | None = None
 
     def gathering(self) -> asyncio.Semaphore:
@@ -55,10 +63,10 @@ class Context:
             self.gather_slots = asyncio.Semaphore(4)
         return self.gather_slots
 
-    def slots(self) -> asyncio.Semaphore:
-        if self.plan_slots is None:
-            self.plan_slots = asyncio.Semaphore(self.cfg.inprocess_concurrency)
-        return self.plan_slots
+    def queue(self) -> PlanQueue:
+        if self.plan_queue is None:
+            self.plan_queue = PlanQueue(self.cfg.inprocess_concurrency)
+        return self.plan_queue
 
 
 class Stop(Exception):
@@ -139,6 +147,10 @@ async def reconcile(ctx: Context, body: dict[str, Any], *, started: datetime, lo
     except Stop as stop:
         await write_status(ctx, body, book)
         outcome = "retry" if stop.delay is not None else "stopped"
+        # Waiting (for a Job, for reports) is routine and a stop is the user's to fix: kopf's
+        # ERROR line for these is lowered (logs.py).
+        logs.expect(meta["namespace"], meta["name"], str(stop),
+                    logging.INFO if stop.delay is not None else logging.WARNING)
         if stop.delay is not None:
             raise kopf.TemporaryError(str(stop), delay=stop.delay) from None
         raise kopf.PermanentError(str(stop)) from None
@@ -176,11 +188,12 @@ async def _reconcile(ctx: Context, body: dict[str, Any], book: StatusBook, *, st
     async with ctx.gathering():
         cluster = await _cluster(ctx, body, spec, book, started)
 
+    work = _preflight(ctx, spec, cluster, book)
     input_digest = jobs.input_hash(jobs.plan_input(spec, cluster, name=name), ns)
     if await _up_to_date(ctx, body, spec, input_digest, book):
         _ready_set(meta, True)
         return  # e.g. an operator restart: same inputs, same plan, nothing to redo
-    plan = await _plan(ctx, body, spec, cluster, book, logger)
+    plan = await _plan(ctx, body, spec, cluster, work, book, logger)
     await _publish(ctx, body, spec, plan, book, input_digest)
     await write_status(ctx, body, book)
 
@@ -300,29 +313,55 @@ async def _up_to_date(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, i
     ready = book.condition("Ready")
     if ready is None or ready.status != "True" or book.status.observed_generation != meta.get("generation"):
         return False
-    pointer = await ctx.client.get("v1", "configmaps", config_map_name(spec, meta["name"]), meta["namespace"])
+    pointer_name = config_map_name(spec, meta["name"])
+    pointer = await ctx.client.get("v1", "configmaps", pointer_name, meta["namespace"])
     annotations = ((pointer or {}).get("metadata") or {}).get("annotations") or {}
-    return bool(annotations.get(PLAN_INPUT) == input_digest
-                and book.status.plan_digest == f"sha256:{annotations.get(LABEL_DIGEST)}")
+    if not (annotations.get(PLAN_INPUT) == input_digest
+            and book.status.plan_digest == f"sha256:{annotations.get(LABEL_DIGEST)}"):
+        return False
+    # Same inputs, but is what they produced still there, byte for byte? (a restart is when a
+    # deleted or edited ConfigMap would otherwise go unnoticed)
+    damage = await healing.check_generation(ctx.client, pointer_name, meta["namespace"])
+    if damage is not None:
+        metrics.HEALS.labels(damage.reason).inc()
+        book.set("Published", "False", "PublicationDamaged", f"{damage.message}; republishing")
+        return False
+    ctx.published[(meta["namespace"], meta["name"])] = pointer_name
+    return True
 
 
-async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
-                book: StatusBook, logger: Any) -> Plan:
-    meta = body["metadata"]
-    from ..pipeline import PlanError, build_plan, expand_tasks
+def _preflight(ctx: Context, spec: CCLTuningSpec, cluster: ClusterTopology, book: StatusBook) -> Workload:
+    """Everything the planner would reject, and the hard limits, before any planning work."""
+    from ..pipeline import PlanError
+    from ..workload import preflight
 
     try:
-        ntasks = len(expand_tasks(spec, cluster))
+        _keys, work = preflight(spec, cluster)
     except PlanError as exc:
         _plan_failed(book, spec, "InvalidSpec", str(exc))
         raise Stop(str(exc)) from None
-    why = jobs.needs_job(spec, cluster, ntasks, ctx.cfg)
+    too_big = jobs.over_limit(work, ctx.cfg)
+    if too_big is not None:
+        _plan_failed(book, spec, "PlanTooLarge", too_big)
+        raise Stop(too_big)
+    return work
+
+
+async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
+                work: Workload, book: StatusBook, logger: Any) -> Plan:
+    meta = body["metadata"]
+    from ..pipeline import PlanError, build_plan
+
+    why = jobs.needs_job(spec, cluster, work, ctx.cfg)
     if why is None:
-        queued = " (queued behind other plans)" if ctx.slots().locked() else ""
-        book.set("Ready", "Unknown", "Planning", f"planning {ntasks} task(s) in the operator{queued}")
+        queue = ctx.queue()
+        ahead = queue.ahead(work.units)
+        queued = f" (queued: {ahead} plan(s) go first)" if ahead >= queue.slots else ""
+        book.set("Ready", "Unknown", "Planning",
+                 f"planning in the operator: {work.describe()}{queued}")
         await write_status(ctx, body, book)  # planning can take a while: say so now
         try:
-            async with ctx.slots():
+            async with queue.slot((meta["namespace"], meta["name"]), work.units):
                 t0 = time.monotonic()
                 plan = await asyncio.to_thread(build_plan, spec, cluster, name=meta["name"])
         except PlanError as exc:
@@ -377,10 +416,14 @@ async def _plan_in_job(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, 
             if exc.status != 409:  # a concurrent pass created it: that one is ours too
                 raise
             job = await ctx.client.get("batch/v1", "jobs", names.job, jns)
-        if job is not None:  # the input goes with the Job (owner reference, same namespace)
-            await ctx.client.patch("v1", "configmaps", names.input,
-                                   {"metadata": {"ownerReferences": [jobs.owner_ref(job)]}}, jns)
     assert job is not None
+    if names.job not in ctx.adopted:
+        # The input goes with the Job (owner reference, same namespace). Also on resume: a pass
+        # killed between creating the Job and this patch left the input ownerless.
+        with contextlib.suppress(ApiError):  # gone already (404): nothing to own
+            await ctx.client.patch("v1", "configmaps", names.input, {"metadata": {"ownerReferences": [
+                jobs.owner_ref({**job, "apiVersion": "batch/v1", "kind": "Job"})]}}, jns)
+            ctx.adopted.add(names.job)
     failure = jobs.job_failure(job)
     if failure is not None:
         reason, message = failure
@@ -416,7 +459,9 @@ def _cm_digest(cm: dict[str, Any]) -> str:
 
 def config_map_name(spec: CCLTuningSpec, name: str) -> str:
     # The same default `ccltune plan` uses, so online and offline publish the same objects.
-    return spec.publish.config_map_name or f"{name}-ccltune"
+    from ..publish.configmaps import pointer_name
+
+    return pointer_name(name, spec.publish.config_map_name)
 
 
 async def _publish(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, plan: Plan, book: StatusBook,
@@ -437,6 +482,7 @@ async def _publish(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, plan
     await apply_configmaps(ctx.client, manifests, ns)
     await prune(ctx.client, cm_name, keep, ns)
     metrics.PUBLISHED.inc()
+    ctx.published[(ns, meta["name"])] = cm_name
 
     _outcome_conditions(book, spec, plan)
     book.status.config_maps = [

@@ -14,8 +14,8 @@ from typing import Any
 from ..api.ccltuning import CCLTuningSpec, LabelSelector
 from ..api.common import API_GROUP
 from ..api.plan import PlanFile
-from ..publish.configmaps import MANIFEST_KEY
-from ..publish.files import injection_env
+from ..publish.configmaps import MANIFEST_KEY, pointer_name
+from ..publish.files import TUNER_PLUGIN_DIR, TUNER_PLUGIN_PATH, TUNER_TABLE, injection_env
 from ..publish.unpack import index_arg, is_packed
 from .config import OperatorConfig
 from .selectors import matches, pod_selector
@@ -27,6 +27,10 @@ PACKED_DIR = "/var/run/ccltune/packed"
 PACKED_VOLUME = "ccltune-plan-packed"
 UNPACK_CONTAINER = "ccltune-unpack"
 UNPACK_UID = 65532  # the ccltune image's USER
+# ccltune's NCCL tuner plugin: built into the image (Dockerfile), copied by the init container
+# into an emptyDir the training containers mount read-only at TUNER_PLUGIN_DIR.
+PLUGIN_VOLUME = "ccltune-plugin"
+IMAGE_PLUGIN = "/opt/ccltune/nccl/libccltune-tuner.so"
 ANNOTATION_DIGEST = f"{API_GROUP}/plan-digest"
 ANNOTATION_TUNING = f"{API_GROUP}/tuning"
 
@@ -54,7 +58,7 @@ def entry(name: str, spec: dict[str, Any], status: dict[str, Any], uid: str = ""
         name=name,
         selector=pod_selector(parsed),
         inject=parsed.publish.inject,
-        pointer=parsed.publish.config_map_name or f"{name}-ccltune",
+        pointer=pointer_name(name, parsed.publish.config_map_name),
         published=conds.get("Published") == "True",
         digest=(status or {}).get("planDigest"),
         uid=uid,
@@ -68,8 +72,26 @@ def select(labels: dict[str, str], entries: list[Entry]) -> Entry | None:
 
 
 def read_manifest(pointer: dict[str, Any]) -> dict[str, Any]:
-    manifest: dict[str, Any] = json.loads((pointer.get("data") or {})[MANIFEST_KEY])
-    return manifest
+    """The pointer's manifest.json; ValueError (one line) when it is absent or malformed."""
+    text = (pointer.get("data") or {}).get(MANIFEST_KEY)
+    if not isinstance(text, str):
+        raise ValueError(f"{MANIFEST_KEY} is missing")
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{MANIFEST_KEY} is not valid JSON ({exc.msg})") from None
+    items = manifest.get("items") if isinstance(manifest, dict) else None
+    well_formed = (
+        isinstance(items, list) and isinstance(manifest.get("configMaps"), list)
+        and all(isinstance(n, str) for n in manifest["configMaps"])
+        and isinstance(manifest.get("digest"), str)
+        and all(isinstance(i, dict) and all(isinstance(i.get(k), str) for k in ("configMap", "key", "path"))
+                for i in items)
+    )  # fmt: skip
+    if not well_formed:
+        raise ValueError(f"{MANIFEST_KEY} lacks a digest, configMaps or well-formed items")
+    result: dict[str, Any] = manifest
+    return result
 
 
 def injected_pod(pod: dict[str, Any], manifest: dict[str, Any], tuning: str,
@@ -79,22 +101,28 @@ def injected_pod(pod: dict[str, Any], manifest: dict[str, Any], tuning: str,
 
     Plain plans: the content ConfigMaps projected at MOUNT_DIR. Packed plans: an emptyDir at
     MOUNT_DIR that the `ccltune-unpack` init container fills from the ConfigMaps (projected at
-    PACKED_DIR, for it only). User env wins: a variable the container already sets is left
-    alone. Running it on its own output changes nothing.
+    PACKED_DIR, for it only). Plans with a tuner table: the same init container also copies
+    ccltune's tuner plugin into an emptyDir mounted at TUNER_PLUGIN_DIR. User env wins: a
+    variable the container already sets is left alone. Running it on its own output changes
+    nothing.
     """
     cfg = cfg or OperatorConfig()
     items: list[dict[str, Any]] = manifest["items"]
     packed = is_packed(items)
+    plugin = any(i["path"] == TUNER_TABLE for i in items)
     spec = pod.get("spec") or {}
-    ours = {VOLUME, PACKED_VOLUME}
+    ours = {VOLUME, PACKED_VOLUME, PLUGIN_VOLUME}
     volumes = [v for v in spec.get("volumes") or [] if v.get("name") not in ours]
     init = [c for c in spec.get("initContainers") or [] if c.get("name") != UNPACK_CONTAINER]
     if packed:
         # Each entry at its own key: the init container's index names entries by key.
         volumes += [{"name": VOLUME, "emptyDir": {}}, _projected(PACKED_VOLUME, items, "key")]
-        init = [_unpack_container(spec, items, cfg), *init]
     else:
         volumes.append(_projected(VOLUME, items, "path"))
+    if plugin:
+        volumes.append({"name": PLUGIN_VOLUME, "emptyDir": {}})
+    if packed or plugin:
+        init = [_unpack_container(spec, items, cfg, packed=packed, plugin=plugin), *init]
     # injection_env only looks at paths; the content lives in the ConfigMaps.
     env = injection_env([PlanFile(path=i["path"], content="", digest="") for i in items], MOUNT_DIR)
     containers = []
@@ -106,11 +134,14 @@ def injected_pod(pod: dict[str, Any], manifest: dict[str, Any], tuning: str,
             c["env"] = list(c.get("env") or []) + extra
         mounts = c.get("volumeMounts") or []
         if not any(m.get("name") == VOLUME or m.get("mountPath") == MOUNT_DIR for m in mounts):
-            c["volumeMounts"] = [*mounts, {"name": VOLUME, "mountPath": MOUNT_DIR, "readOnly": True}]
+            mounts = c["volumeMounts"] = [*mounts, {"name": VOLUME, "mountPath": MOUNT_DIR, "readOnly": True}]
+        if plugin and not any(m.get("name") == PLUGIN_VOLUME or m.get("mountPath") == TUNER_PLUGIN_DIR
+                              for m in mounts):  # fmt: skip
+            c["volumeMounts"] = [*mounts, {"name": PLUGIN_VOLUME, "mountPath": TUNER_PLUGIN_DIR, "readOnly": True}]
         containers.append(c)
     annotations = {ANNOTATION_DIGEST: manifest["digest"], ANNOTATION_TUNING: tuning}
     desired_spec: dict[str, Any] = {"volumes": volumes, "containers": containers}
-    if packed or init != (spec.get("initContainers") or []):  # plain plans: as before
+    if packed or plugin or init != (spec.get("initContainers") or []):  # plain plans: as before
         desired_spec["initContainers"] = init
     return {"metadata": {"annotations": annotations}, "spec": desired_spec}
 
@@ -127,8 +158,9 @@ def _projected(name: str, items: list[dict[str, Any]], path_field: str) -> dict[
     ]}}
 
 
-def _unpack_container(spec: dict[str, Any], items: list[dict[str, Any]],
-                      cfg: OperatorConfig) -> dict[str, Any]:
+def _unpack_container(spec: dict[str, Any], items: list[dict[str, Any]], cfg: OperatorConfig, *,
+                      packed: bool = True, plugin: bool = False) -> dict[str, Any]:
+    """Unpacks packed plan files into VOLUME and/or copies the tuner plugin into PLUGIN_VOLUME."""
     security: dict[str, Any] = {
         "runAsNonRoot": True,
         "allowPrivilegeEscalation": False,
@@ -140,19 +172,28 @@ def _unpack_container(spec: dict[str, Any], items: list[dict[str, Any]],
     # uid to the pod (or the platform, e.g. OpenShift's assigned range).
     if (spec.get("securityContext") or {}).get("runAsUser") == 0:
         security["runAsUser"] = UNPACK_UID
+    unpack = ["ccltune", "unpack", "--from", PACKED_DIR, "--to", MOUNT_DIR, "--items", index_arg(items)]
+    copy_plugin = ["cp", IMAGE_PLUGIN, TUNER_PLUGIN_PATH]
+    if packed and plugin:  # both, no quoting: the paths and the unpack command are sh's arguments
+        command = ["sh", "-c", 'cp "$1" "$2" && shift 2 && exec "$@"', "sh", IMAGE_PLUGIN, TUNER_PLUGIN_PATH,
+                   *unpack]
+    else:
+        command = unpack if packed else copy_plugin
+    mounts = [
+        {"name": PACKED_VOLUME, "mountPath": PACKED_DIR, "readOnly": True},
+        {"name": VOLUME, "mountPath": MOUNT_DIR},
+    ] if packed else []
+    if plugin:
+        mounts.append({"name": PLUGIN_VOLUME, "mountPath": TUNER_PLUGIN_DIR})
     container = {
         "name": UNPACK_CONTAINER,
         "image": cfg.unpack_image or cfg.agent_image,
         "imagePullPolicy": cfg.image_pull_policy,
-        "command": ["ccltune", "unpack", "--from", PACKED_DIR, "--to", MOUNT_DIR,
-                    "--items", index_arg(items)],
+        "command": command,
         "resources": copy.deepcopy(cfg.unpack_resources),
         "securityContext": security,
         "terminationMessagePolicy": "FallbackToLogsOnError",  # its one-line error in the status
-        "volumeMounts": [
-            {"name": PACKED_VOLUME, "mountPath": PACKED_DIR, "readOnly": True},
-            {"name": VOLUME, "mountPath": MOUNT_DIR},
-        ],
+        "volumeMounts": mounts,
     }
     # Keep ours as the API server returned it (with its defaults) when nothing we set differs.
     for have in spec.get("initContainers") or []:

@@ -147,23 +147,33 @@ def _direct_gpu_links(topo: ClusterTopology, node: int) -> dict[int, dict[int, f
 def nvlink_cycles(topo: ClusterTopology) -> list[list[int]]:
     """Intra-node rings (local GPU indices) NCCL's search could find, each also reversed.
 
-    With direct GPU-GPU links (no NVSwitch) NCCL's search follows the links: we take up to gpn-1
-    Hamiltonian cycles, each preferring directed links the previous ones left unused, then the
-    widest (else one Hamiltonian path). With an NVSwitch or PCIe only every order is equal and NCCL
-    keeps index order.
+    With direct GPU-GPU links (no NVSwitch) NCCL's search follows the links and books each ring's
+    bandwidth on them (search.cc), so rings do not overload a link while another ring fits: we
+    take up to gpn-1 Hamiltonian cycles, each over GPU pairs with one link's bandwidth (the
+    narrowest pair's) left after the earlier cycles and their reverses booked theirs (a pair of 2
+    NVLinks carries 2 rings); if not even one fits, one cycle preferring the widest links, else
+    one Hamiltonian path. With an NVSwitch or PCIe only every order is equal and NCCL keeps index
+    order.
     """
     gpn = topo.gpus_per_node
     adj = _direct_gpu_links(topo, 0)
     cycles: list[list[int]] = []
     if gpn > 2 and any(adj[i] for i in range(gpn)):
         used: dict[tuple[int, int], int] = {}
+        left = {u: dict(nb) for u, nb in adj.items()}  # bandwidth not yet booked, per pair
+        unit = min(bw for nb in adj.values() for bw in nb.values())
         for _ in range(gpn - 1):
-            cyc = _hamiltonian(adj, gpn, cycle=True, used=used)
+            free = {u: {v: bw for v, bw in nb.items() if bw >= unit - 1e-9} for u, nb in left.items()}
+            cyc = _hamiltonian(free, gpn, cycle=True, used=used)
+            if cyc is None and not cycles:
+                cyc = _hamiltonian(adj, gpn, cycle=True, used=used)
             if cyc is None or cyc in cycles:
                 break
             cycles.append(cyc)
             for a, b in zip(cyc, cyc[1:] + cyc[:1], strict=True):
                 used[(a, b)] = used.get((a, b), 0) + 1
+                left[a][b] -= unit  # the cycle books a -> b, its reverse b -> a: one pair
+                left[b][a] -= unit
         if not cycles:
             cycles.append(_hamiltonian(adj, gpn, cycle=False, used={}) or list(range(gpn)))
     else:
@@ -241,10 +251,13 @@ def _nic_groups(topo: ClusterTopology) -> list[frozenset[str]]:
 def ring_layouts(topo: ClusterTopology) -> list[list[int]]:
     """Candidate per-channel intra-node orders (local indices), most distinct first.
 
-    Across nodes NCCL keeps a channel on one NIC (NCCL_CROSS_NIC=0): the ring enters a node at a
-    GPU next to the NIC and leaves from a GPU next to the same NIC, so on a rail-optimized fabric
-    it stays on its rail. We keep the rotations of each intra-node ring whose last and first GPUs
-    share a nearest NIC, and list them exit by exit so consecutive channels use different NICs.
+    Across nodes NCCL first keeps a channel on one NIC: the ring enters a node at a GPU next to
+    the NIC and leaves from a GPU next to the same NIC, so on a rail-optimized fabric it stays on
+    its rail. We keep the rotations of each intra-node ring whose last and first GPUs share a
+    nearest NIC, and list them exit by exit so consecutive channels use different NICs. When some
+    intra-node ring has no such rotation, keeping the NIC would cost that ring's links, and NCCL's
+    default NCCL_CROSS_NIC=2 lets rings cross NICs instead (search.cc retries with crossNic=2
+    before lowering bandwidth): every rotation is kept.
     """
     gpn = topo.gpus_per_node
     cycles = nvlink_cycles(topo)
@@ -252,12 +265,33 @@ def ring_layouts(topo: ClusterTopology) -> list[list[int]]:
     if topo.node_count > 1 and gpn > 1:
         groups = _nic_groups(topo)
         good = [r for r in rotations if groups[r[-1]] & groups[r[0]]]
-        if good:
-            rotations = good
+        every_cycle_keeps_its_nic = all(
+            any(groups[c[i - 1]] & groups[c[i]] for i in range(gpn)) for c in cycles
+        )
+        rotations = good if good and every_cycle_keeps_its_nic else _spread(rotations)
     out: list[list[int]] = []
     for r in rotations:
         if r not in out:
             out.append(r)
+    return out
+
+
+def _spread(rotations: list[list[int]]) -> list[list[int]]:
+    """Order rotations so consecutive channels leave and enter on different GPUs (hence NICs)
+    and use different rings: each next one is the least used in exit, entry, then ring."""
+    def keys(r: list[int]) -> tuple[tuple[str, object], ...]:
+        ring = frozenset(zip(r, r[1:] + r[:1], strict=True))
+        return ("exit", r[-1]), ("entry", r[0]), ("ring", ring)
+
+    left = list(rotations)
+    used: dict[tuple[str, object], int] = {}
+    out: list[list[int]] = []
+    while left:
+        best = min(left, key=lambda r: tuple(used.get(k, 0) for k in keys(r)))
+        left.remove(best)
+        out.append(best)
+        for k in keys(best):
+            used[k] = used.get(k, 0) + 1
     return out
 
 

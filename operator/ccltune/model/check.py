@@ -6,6 +6,13 @@ the chunk's origin means "holds the chunk"). Transfers are applied in a topologi
 dependency DAG, which is exact because every write of a buffer must be ordered by the DAG against
 every other read or write of that buffer (checked; otherwise the result would depend on timing,
 a race). Postconditions per collective are those in ir.py's docstring.
+
+`reduces_commute=True` lets reduces into one buffer run in any order among themselves (reads and
+plain stores must still be ordered against each of them): sums do not depend on their order, so
+this is exact for a runtime that serializes the additions itself - MSCCL programs that receive
+each contribution into its own scratch slot and add them with a local `re` chain, which
+msccl_reader.py has already proven slot by slot. ccltune's own lowering writes each reduce straight
+into the destination (rrc), so schedules it will publish are checked without it.
 """
 
 from __future__ import annotations
@@ -92,7 +99,15 @@ def _cycle_message(s: Schedule, stuck: set[int]) -> str:
     cycle = path[seen[u] :]
     cycle.reverse()  # deps point backwards; print in execution order
     shown = " -> ".join(map(str, [*cycle, cycle[0]]))
-    return f"deadlock: dependency cycle {shown} ({len(stuck)} transfers can never start)"
+    named = "; ".join(
+        f"{i}: rank {s.transfers[i].src} -> {s.transfers[i].dst} chunk {s.transfers[i].chunk}"
+        for i in cycle[:6]
+    )
+    more = ", ..." if len(cycle) > 6 else ""
+    return (
+        f"deadlock: dependency cycle {shown} ({named}{more}; "
+        f"{len(stuck)} transfers can never start)"
+    )
 
 
 class _Reach:
@@ -159,7 +174,7 @@ def _postconditions(s: Schedule) -> list[tuple[int, int, int]]:
     return [(r, k, 1 << s.root) for r in range(n) for k in range(c)]
 
 
-def check_schedule(schedule: Schedule) -> None:
+def check_schedule(schedule: Schedule, *, reduces_commute: bool = False) -> None:
     """Raise ScheduleError unless `schedule` provably implements its collective, race-free."""
     s = schedule
     _validate(s)
@@ -171,7 +186,8 @@ def check_schedule(schedule: Schedule) -> None:
     init = _initial(s)
     reducing = s.collective in (Collective.REDUCESCATTER, Collective.ALLREDUCE)
     state: dict[tuple[int, int], int] = {}
-    last_write: dict[tuple[int, int], int] = {}
+    # writes not yet ordered before each other: one, or several commuting reduces
+    writes: dict[tuple[int, int], list[int]] = {}
     reads: dict[tuple[int, int], list[int]] = {}
 
     def value(key: tuple[int, int]) -> int:
@@ -182,12 +198,12 @@ def check_schedule(schedule: Schedule) -> None:
         t = s.transfers[i]
         for k in range(t.chunk, t.chunk + t.count):
             src_key, dst_key = (t.src, k), (t.dst, k)
-            w = last_write.get(src_key)
-            if w is not None and not reach.before(w, i):
-                raise ScheduleError(
-                    f"race: transfer {i} reads rank {t.src} chunk {k} while transfer {w} may "
-                    f"still be writing it (no dependency path {w} -> {i})"
-                )
+            for w in writes.get(src_key, ()):
+                if not reach.before(w, i):
+                    raise ScheduleError(
+                        f"race: transfer {i} reads rank {t.src} chunk {k} while transfer {w} may "
+                        f"still be writing it (no dependency path {w} -> {i})"
+                    )
             data = value(src_key)
             if data == 0:
                 raise ScheduleError(
@@ -195,12 +211,14 @@ def check_schedule(schedule: Schedule) -> None:
                     f"(missing dependency or missing transfer)"
                 )
             reads.setdefault(src_key, []).append(i)
-            w = last_write.get(dst_key)
-            if w is not None and not reach.before(w, i):
-                raise ScheduleError(
-                    f"race: transfers {w} and {i} both write rank {t.dst} chunk {k} "
-                    f"with no dependency path between them"
-                )
+            concurrent = [w for w in writes.get(dst_key, ()) if not reach.before(w, i)]
+            commuting = reduces_commute and t.reduce
+            for w in concurrent:
+                if not (commuting and s.transfers[w].reduce):
+                    raise ScheduleError(
+                        f"race: transfers {w} and {i} both write rank {t.dst} chunk {k} "
+                        f"with no dependency path between them"
+                    )
             for r in reads.get(dst_key, ()):
                 if not reach.before(r, i):
                     raise ScheduleError(
@@ -227,7 +245,7 @@ def check_schedule(schedule: Schedule) -> None:
                 state[dst_key] = old | data
             else:
                 state[dst_key] = data
-            last_write[dst_key] = i
+            writes[dst_key] = [*concurrent, i]
             reads[dst_key] = []
 
     for r, k, want in _postconditions(s):

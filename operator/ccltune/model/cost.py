@@ -1,8 +1,9 @@
 """Alpha-beta cost model per NCCL protocol, with NCCL's own published tuning numbers.
 
-Every number here is NCCL's, from NVIDIA/nccl (v2.19 line, commit b6475625):
+Every number here is NCCL's, from NVIDIA/nccl (v2.19 line, commit b6475625, unless noted):
 - src/graph/tuning.cc: baseLat, hwLat, the per-channel LL/LL128/tree bandwidth caps per GPU
-  generation, treeCorrectionFactor, and the latency formulas in ncclTopoTuneModel;
+  generation, treeCorrectionFactor, and the latency formulas in ncclTopoTuneModel; the latency and
+  LL tables are NCCL 2.30.7's (tag v2.30.7-1, the conformance kit's copy), which changed them;
 - src/graph/topo.h: nominal per-link bandwidths (SM*_NVLINK_BW, PCI_BW, NET_BW);
 - src/graph/search.cc: the per-channel speed arrays the ring/tree search walks down;
 - src/include/device.h / comm.h: NCCL_STEPS, MAXCHANNELS, thread limits and thresholds;
@@ -48,9 +49,9 @@ class Arch(StrEnum):
     HOPPER = "hopper"
 
 
-# tuning.cc baseLat[algo][proto], us.
+# tuning.cc baseLatencies[algo][proto], us (NCCL 2.30.7).
 BASE_LAT: dict[str, tuple[float, float, float]] = {
-    "tree": (6.8, 14.0, 0.0),
+    "tree": (6.8, 14.0, 8.4),
     "ring": (6.6, 14.0, 8.4),
     "collnet_direct": (0.0, 0.0, 0.0),
     "collnet_chain": (0.0, 0.0, 0.0),
@@ -58,18 +59,19 @@ BASE_LAT: dict[str, tuple[float, float, float]] = {
     "nvls_tree": (0.0, 0.0, 0.0),
 }
 
-# tuning.cc hwLat[hw][algo][proto], us: the latency of one algorithm step.
+# tuning.cc hwLatencies[hw][algo][proto], us: the latency of one algorithm step (NCCL 2.30.7;
+# v2.19 had 28 us for tree/Simple everywhere, 23 for NVLS and 14 for NVLS-tree over the network).
 HW_LAT: dict[Hw, dict[str, tuple[float, float, float]]] = {
     Hw.NVLINK: {
-        "tree": (0.6, 1.25, 28.0),
+        "tree": (0.6, 1.25, 4.0),
         "ring": (0.6, 1.9, 3.4),
         "collnet_direct": (0.0, 0.0, 3.7),
         "collnet_chain": (0.0, 0.0, 2.8),
-        "nvls": (0.0, 0.0, 23.0),
-        "nvls_tree": (0.0, 0.0, 23.0),
+        "nvls": (0.0, 0.0, 25.0),
+        "nvls_tree": (0.0, 0.0, 25.0),
     },
     Hw.PCI: {
-        "tree": (1.0, 1.9, 28.0),
+        "tree": (1.0, 1.9, 4.0),
         "ring": (1.0, 2.5, 5.7),
         "collnet_direct": (0.0, 0.0, 3.7),
         "collnet_chain": (0.0, 0.0, 2.8),
@@ -77,22 +79,24 @@ HW_LAT: dict[Hw, dict[str, tuple[float, float, float]]] = {
         "nvls_tree": (0.0, 0.0, 0.0),
     },
     Hw.NET: {
-        "tree": (5.0, 8.5, 28.0),
+        "tree": (5.0, 8.5, 14.0),
         "ring": (2.7, 4.0, 14.0),
         "collnet_direct": (0.0, 0.0, 31.0),
         "collnet_chain": (0.0, 0.0, 30.0),
         "nvls": (0.0, 0.0, 18.0),
-        "nvls_tree": (0.0, 0.0, 14.0),
+        "nvls_tree": (0.0, 0.0, 20.9),
     },
 }
 
 # tuning.cc tables indexed [arch][nodes class: 1 node, 2 nodes, >2 nodes], GB/s.
-# llMaxBws: first index is the GPU generation on one node, the CPU vendor (Intel/AMD) across nodes.
+# llMaxBws: first index is the GPU generation on one node, the CPU vendor (Intel/AMD) across nodes
+# (row 0 = Intel, row 1 = AMD): use ll_max_bw(). NCCL 2.30.7 values (Hopper N1 141, was 87.7).
 LL_MAX_BW: dict[str, tuple[float, float, float]] = {
     "volta": (39.0, 39.0, 20.4),  # Volta-N1 / Intel-N2 / Intel-N4
     "ampere": (87.7, 22.5, 19.0),  # Ampere-N1 / AMD-N2 / AMD-N4
-    "hopper": (87.7, 22.5, 19.0),
+    "hopper": (141.0, 45.0, 35.0),  # Hopper-N1 (its N2/N4 columns are never read)
 }
+_LL_CPU_ROW = {"intel": "volta", "amd": "ampere"}
 PER_CH_MAX_RING_LL128_BW: dict[Arch, tuple[float, float, float]] = {
     Arch.VOLTA: (20.0, 20.0, 20.0),
     Arch.AMPERE: (20.0, 20.0, 20.0),
@@ -133,6 +137,9 @@ SM90_SPEED_ARRAY_INTER = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 
                           3.0, 2.4, 1.2, 0.24, 0.12)  # fmt: skip
 
 MAXCHANNELS = 32  # src/include/device.h (v2.19); the search looks for at most MAXCHANNELS/2
+# NVLS uses its own channel (CTA) count, not the ring search's: NCCL 2.30.7 src/transport/nvls.cc
+# NVLS_NCHANNELS_SM90 16; SM100 32 across nodes, NVLS_NCHANNELS_SM100_NVL 24 on one node.
+NVLS_CHANNELS = {"hopper": (16, 16), "blackwell": (24, 32)}  # (one node, several nodes)
 NCCL_STEPS = 8  # buffer slots per connection: at most 8 steps in flight (device.h)
 WARP_SIZE = 32
 MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}  # NCCL_{LL,LL128,SIMPLE}_MAX_NTHREADS
@@ -202,6 +209,12 @@ def comp_cap_of(gpu_model: str) -> int | None:
     return best[1] if best else None
 
 
+def nvls_channels(generation: str, nnodes: int) -> int:
+    """Channels NCCL gives NVLS / NVLS-tree on this GPU generation ("hopper", "blackwell")."""
+    one, many = NVLS_CHANNELS.get(generation, NVLS_CHANNELS["hopper"])
+    return one if nnodes <= 1 else many
+
+
 def hw_of(link_kind: LinkKind | str) -> Hw:
     kind = LinkKind(link_kind)
     if kind in (LinkKind.NVLINK, LinkKind.XGMI):
@@ -209,6 +222,13 @@ def hw_of(link_kind: LinkKind | str) -> Hw:
     if kind == LinkKind.NET:
         return Hw.NET
     return Hw.PCI
+
+
+def ll_max_bw(arch: Arch | None, nnodes: int, cpu_vendor: str = "intel") -> float:
+    """tuning.cc llMaxBw: by GPU generation on one node, by CPU vendor across nodes."""
+    if nnodes <= 1:
+        return LL_MAX_BW[(arch or Arch.AMPERE).value][0]
+    return LL_MAX_BW[_LL_CPU_ROW.get(cpu_vendor, "volta")][nodes_class(nnodes)]
 
 
 def nodes_class(nnodes: int) -> int:
@@ -264,11 +284,12 @@ def nccl_latency_us(
     intra_hw = Hw.NVLINK if hw_of(link_kind) == Hw.NVLINK else Hw.PCI
     hw = intra_hw if nnodes == 1 else Hw.NET
     intra_lat = HW_LAT[intra_hw][a][pi]
-    inter_lat = HW_LAT[Hw.NET][a][pi] + net_latency_us
+    ppn = nranks // max(nnodes, 1)
+    # NCCL 2.30.7: with one GPU per node the network latency is fully exposed (tree's is used).
+    inter_lat = HW_LAT[Hw.NET]["tree" if ppn == 1 else a][pi] + net_latency_us
     if p == "Simple":
         inter_lat += net_latency_us  # NCCL adds the flush latency too
     lat = BASE_LAT[a][pi]
-    ppn = nranks // max(nnodes, 1)
     coll = collective.lower()
     if a == "ring":
         nsteps, ninter = _ring_steps(coll, nranks, nnodes)

@@ -1,4 +1,5 @@
-"""MSCCL XML export and import of the schedule IR, in the format msccl-executor-nccl reads.
+"""MSCCL XML export of the schedule IR, in the format msccl-executor-nccl reads (the reader is
+msccl_reader.py).
 
 Format (msccl-executor-nccl src/misc/msccl/msccl_parser.cc; msccl-tools msccl/language/ir.py):
 <algo name proto nchannels nchunksperloop ngpus coll inplace outofplace minBytes maxBytes>
@@ -6,13 +7,15 @@ Format (msccl-executor-nccl src/misc/msccl/msccl_parser.cc; msccl-tools msccl/la
     <tb id send recv chan>
       <step s type srcbuf srcoff dstbuf dstoff cnt depid deps hasdep/>
 The executor reads every listed attribute and fails when one is missing. maxBytes 0 means no
-upper limit (its scheduler tests `maxBytes == 0 || nBytes <= maxBytes`). Limits from its
-msccl_struct.h: 256 steps per threadblock, 32 threadblocks per channel, cnt < 72.
+upper limit (its scheduler tests `maxBytes == 0 || nBytes <= maxBytes`). Its limits (steps per
+threadblock, threadblocks per channel, channels, XML nodes per rank, cnt) are in msccl_limits.py;
+`lower_msccl` measures a schedule against them before anything is written.
 
 Lowering decisions:
 - One threadblock per (send peer, recv peer, channel): each connection (peer, channel) is served
   by exactly one threadblock per rank, and a rank's send and receive streams on a channel are
-  paired into shared threadblocks (most-forwarded pairs first); local copies get their own.
+  paired into shared threadblocks (most-forwarded pairs first). Local copies (cpy) run at the
+  end of the rank's threadblock with the fewest steps: an extra threadblock would cost an SM.
 - Steps everywhere follow one topological order of the transfers, so the k-th send on a
   connection meets the k-th receive and no threadblock waits on a later step (deadlock-free).
 - The input buffer is never written. A received chunk goes to its output slot when the rank
@@ -29,17 +32,24 @@ from __future__ import annotations
 
 import itertools
 import xml.etree.ElementTree as ET
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..api.common import Collective
 from .check import ScheduleError, check_schedule, topological_order
-from .ir import Schedule, Transfer
+from .ir import Schedule
+from .msccl_limits import (
+    MAX_CHANNELS,
+    MAX_COUNT,
+    MAX_GPUS,
+    MAX_STEPS,
+    MAX_TB_PER_CHANNEL,
+    MAX_THREADBLOCKS,
+    MAX_XML_NODES,
+    xml_nodes,
+)
 
-MAX_STEPS = 256
-MAX_TB_PER_CHANNEL = 32
-MAX_COUNT = 71  # cnt must stay below MSCCL_MAX_COUNT = 72
 PROTOCOLS = ("Simple", "LL", "LL128")
 SEND_TYPES = {"s", "rcs", "rrs", "rrcs"}
 RECV_TYPES = {"r", "rcs", "rrs", "rrc", "rrcs"}
@@ -156,16 +166,30 @@ def to_msccl_xml(
     min_bytes: int = 0,
     max_bytes: int | None = None,
     inplace: bool = False,
+    max_threadblocks: int | None = None,
+    max_steps: int = MAX_STEPS,
 ) -> str:
-    """Lower a checked schedule to an MSCCL algorithm file (see the module docstring)."""
+    """Lower a checked schedule to an MSCCL algorithm file (see the module docstring).
+
+    Raises MscclFormatError when the executor (built with `max_steps` steps per threadblock)
+    would reject the file, or when a rank needs more than `max_threadblocks` threadblocks.
+    """
     if proto not in PROTOCOLS:
         raise MscclFormatError(f"proto {proto!r} is not one of {', '.join(PROTOCOLS)}")
     if min_bytes < 0 or (max_bytes is not None and max_bytes < max(min_bytes, 1)):
         raise MscclFormatError(f"byte range {min_bytes}..{max_bytes} is empty or negative")
+    if inplace and Collective(schedule.collective) == Collective.ALLTOALL:
+        raise MscclFormatError("an in-place alltoall would overwrite data before it is sent")
+    low = lower_msccl(schedule)
+    low.require(max_threadblocks=max_threadblocks, max_steps=max_steps)
+    return low.render(name=name, proto=proto, nchannels=nchannels, min_bytes=min_bytes,
+                      max_bytes=max_bytes, inplace=inplace)  # fmt: skip
+
+
+def lower_msccl(schedule: Schedule) -> MscclLowering:
+    """Every rank's threadblocks and steps as the file would hold them (nothing rendered)."""
     s = schedule
     coll = Collective(s.collective)
-    if inplace and coll == Collective.ALLTOALL:
-        raise MscclFormatError("an in-place alltoall would overwrite data before it is sent")
     check_schedule(s)
     lay = _Layout(coll, s.nranks, s.chunks_per_rank, s.root)
     order = topological_order(s)
@@ -267,7 +291,7 @@ def to_msccl_xml(
             steps.append(cp)
             i = j
 
-    return _emit(s, steps, lay, name, proto, nchannels, min_bytes, max_bytes, inplace, scratch)
+    return _assign(s, steps, lay, scratch)
 
 
 def _pair_streams(
@@ -278,8 +302,10 @@ def _pair_streams(
     recvs: dict[int, set[int]] = defaultdict(set)
     copies = False
     affinity: dict[tuple[int, int, int], int] = defaultdict(int)
+    load: dict[tuple[str, int, int], int] = defaultdict(int)
     for st in steps:
         kind, peer, chan = st.stream
+        load[st.stream] += 1
         if kind == "send":
             sends[chan].add(peer)
             for pr in st.preds:
@@ -291,6 +317,10 @@ def _pair_streams(
             copies = True
     tbs: list[tuple[int, int, int]] = []  # (send, recv, chan)
     for chan in sorted(set(sends) | set(recvs)):
+        if chan >= MAX_CHANNELS:
+            raise MscclFormatError(
+                f"gpu {rank} uses channel {chan}; the executor has {MAX_CHANNELS} (MAXCHANNELS)"
+            )
         if len(sends[chan]) > MAX_TB_PER_CHANNEL or len(recvs[chan]) > MAX_TB_PER_CHANNEL:
             raise MscclFormatError(
                 f"gpu {rank} talks to {max(len(sends[chan]), len(recvs[chan]))} peers on channel "
@@ -310,7 +340,7 @@ def _pair_streams(
         ns = min(len(free_s), len(free_r))
         tbs += [(p, -1, chan) for p in sorted(free_s)[ns:]]
         tbs += [(-1, q, chan) for q in sorted(free_r)[ns:]]
-    if copies:
+    if copies and not tbs:
         tbs.append((-1, -1, 0))
     tbs.sort()
     out: dict[tuple[str, int, int], int] = {}
@@ -321,26 +351,132 @@ def _pair_streams(
             out[("recv", q, chan)] = i
         if p < 0 and q < 0:
             out[("copy", -1, 0)] = i
+    if copies and ("copy", -1, 0) not in out:
+        # Copies come last in key order: appended to the least loaded threadblock, they wait
+        # only for receives, which never wait for them (no cycle), and cost no extra SM.
+        steps_in = [0] * len(tbs)
+        for stream, i in out.items():
+            steps_in[i] += load[stream]
+        out[("copy", -1, 0)] = min(range(len(tbs)), key=lambda i: (steps_in[i], i))
     return out, tbs
 
 
-def _emit(
-    s: Schedule,
-    steps: list[_Step],
-    lay: _Layout,
-    name: str,
-    proto: str,
-    nchannels: int | None,
-    min_bytes: int,
-    max_bytes: int | None,
-    inplace: bool,
-    scratch: list[dict[int, int]],
-) -> str:
+Item = tuple[str, "_Step | None", "_Step | None"]  # ("nop"|"step", the step, its dependency)
+
+
+@dataclass(eq=False)
+class MscclLowering:
+    """A schedule lowered to threadblocks and steps per rank, measured against the limits."""
+
+    schedule: Schedule
+    layout: _Layout
+    scratch: list[dict[int, int]]
+    tb_meta: list[list[tuple[int, int, int]]]  # per rank: (send, recv, chan) per threadblock
+    items_of: list[dict[int, list[Item]]]  # per rank: threadblock -> its steps in order
+    channels_used: int
+
+    @property
+    def threadblocks(self) -> int:
+        """The most threadblocks (SMs while it runs) any rank needs."""
+        return max((len(tbs) for tbs in self.tb_meta), default=0)
+
+    @property
+    def max_steps(self) -> int:
+        return max((len(lst) for items in self.items_of for lst in items.values()), default=0)
+
+    @property
+    def max_xml_nodes(self) -> int:
+        """The most XML nodes the executor's parser holds when it loads one rank."""
+        n = self.schedule.nranks
+        return max((xml_nodes(n, len(tbs), sum(len(x) for x in items.values()))
+                    for tbs, items in zip(self.tb_meta, self.items_of, strict=True)), default=0)  # fmt: skip
+
+    @property
+    def chunks_per_loop(self) -> int:
+        return max(self.layout.i_chunks, self.layout.o_chunks)
+
+    def require(self, *, max_threadblocks: int | None = None, max_steps: int = MAX_STEPS) -> None:
+        """Raise MscclFormatError naming the first limit the file would break."""
+        n = self.schedule.nranks
+        if n > MAX_GPUS:
+            raise MscclFormatError(f"{n} gpus; the executor's parser holds {MAX_GPUS} <gpu> nodes")
+        for r, items in enumerate(self.items_of):
+            for tb, lst in items.items():
+                if len(lst) > max_steps:
+                    raise MscclFormatError(
+                        f"gpu {r} tb {tb} needs {len(lst)} steps; the executor allows {max_steps} "
+                        f"(use fewer chunks per rank or more channels)"
+                    )
+        cap = MAX_THREADBLOCKS if max_threadblocks is None else max_threadblocks
+        for r, tbs in enumerate(self.tb_meta):
+            if len(tbs) > cap:
+                raise MscclFormatError(
+                    f"gpu {r} needs {len(tbs)} threadblocks; the limit is {cap}"
+                    + (" (the SM budget)" if max_threadblocks is not None else "")
+                )
+        if self.max_xml_nodes > MAX_XML_NODES:
+            raise MscclFormatError(
+                f"a rank's part of the file has {self.max_xml_nodes} XML nodes; the executor's "
+                f"parser holds {MAX_XML_NODES} (use fewer chunks per rank)"
+            )
+
+    def render(self, *, name: str, proto: str, nchannels: int | None = None, min_bytes: int = 0,
+               max_bytes: int | None = None, inplace: bool = False) -> str:  # fmt: skip
+        s, lay = self.schedule, self.layout
+        if nchannels is None:
+            nchannels = max(self.channels_used, 1)
+        elif nchannels < self.channels_used:
+            raise MscclFormatError(
+                f"nchannels={nchannels} but the schedule uses {self.channels_used} channels"
+            )
+        algo = ET.Element("algo")
+        attrs = {
+            "name": name,
+            "proto": proto,
+            "nchannels": nchannels,
+            "nchunksperloop": self.chunks_per_loop,
+            "ngpus": s.nranks,
+            "coll": str(Collective(s.collective).value),
+            "inplace": int(inplace),
+            "outofplace": 1,
+            "minBytes": min_bytes,
+            "maxBytes": 0 if max_bytes is None else max_bytes,
+        }
+        for k in ALGO_ATTRS:
+            algo.set(k, str(attrs[k]))
+        for r in range(s.nranks):
+            gpu = ET.SubElement(algo, "gpu")
+            vals = (r, lay.i_chunks, lay.o_chunks, len(self.scratch[r]))
+            for k, v in zip(GPU_ATTRS, vals, strict=True):
+                gpu.set(k, str(v))
+            for tb, tb_vals in enumerate(self.tb_meta[r]):
+                tbe = ET.SubElement(gpu, "tb")
+                for k, v in zip(TB_ATTRS, (tb, *tb_vals), strict=True):
+                    tbe.set(k, str(v))
+                for i, (_kind, step, dep) in enumerate(self.items_of[r].get(tb, [])):
+                    e = ET.SubElement(tbe, "step")
+                    if step is None:
+                        row: tuple[object, ...] = (i, "nop", "i", -1, "o", -1, 0)
+                        has = 0
+                    else:
+                        row = (i, step.type, *step.src, *step.dst, step.cnt)
+                        has = int(step.hasdep)
+                    dep_vals = (dep.tb, dep.index) if dep is not None else (-1, -1)
+                    for k, w in zip(STEP_ATTRS, (*row, *dep_vals, has), strict=True):
+                        e.set(k, str(w))
+        ET.indent(algo, space="  ")
+        # msccl-tools writes empty elements as "<step .../>"; keep that exact spelling.
+        return ET.tostring(algo, encoding="unicode").replace(" />", "/>") + "\n"
+
+
+def _assign(s: Schedule, steps: list[_Step], lay: _Layout,
+            scratch: list[dict[int, int]]) -> MscclLowering:  # fmt: skip
+    """Threadblocks per rank, each one's steps in order with the nops its dependencies need."""
     by_rank: list[list[_Step]] = [[] for _ in range(s.nranks)]
     for st in steps:
         by_rank[st.rank].append(st)
     tb_meta: list[list[tuple[int, int, int]]] = []
-    items_of: list[dict[int, list[tuple[str, _Step | None, _Step | None]]]] = []
+    items_of: list[dict[int, list[Item]]] = []
     used_chan = 0
     for r in range(s.nranks):
         tb_of, tb_list = _pair_streams(by_rank[r], r)
@@ -350,7 +486,7 @@ def _emit(
         for st in by_rank[r]:
             st.tb = tb_of[st.stream]
             per_tb[st.tb].append(st)
-        items: dict[int, list[tuple[str, _Step | None, _Step | None]]] = {}
+        items: dict[int, list[Item]] = {}
         for tb, members in per_tb.items():
             members.sort(key=lambda x: x.key)
             for i, st in enumerate(members):
@@ -378,447 +514,12 @@ def _emit(
                     items[tb].append(("nop", None, p))
                 items[tb].append(("step", st, deps[-1] if deps else None))
     # Final indices count the nops.
-    for r, items in enumerate(items_of):
-        for tb, lst in items.items():
-            if len(lst) > MAX_STEPS:
-                raise MscclFormatError(
-                    f"gpu {r} tb {tb} needs {len(lst)} steps; the executor allows {MAX_STEPS} "
-                    f"(use fewer chunks per rank or more channels)"
-                )
+    for items in items_of:
+        for lst in items.values():
             for i, (_, real, _) in enumerate(lst):
                 if real is not None:
                     real.index = i
-    if nchannels is None:
-        nchannels = max(used_chan, 1)
-    elif nchannels < used_chan:
-        raise MscclFormatError(f"nchannels={nchannels} but the schedule uses {used_chan} channels")
-    algo = ET.Element("algo")
-    attrs = {
-        "name": name,
-        "proto": proto,
-        "nchannels": nchannels,
-        "nchunksperloop": max(lay.i_chunks, lay.o_chunks),
-        "ngpus": s.nranks,
-        "coll": str(Collective(s.collective).value),
-        "inplace": int(inplace),
-        "outofplace": 1,
-        "minBytes": min_bytes,
-        "maxBytes": 0 if max_bytes is None else max_bytes,
-    }
-    for k in ALGO_ATTRS:
-        algo.set(k, str(attrs[k]))
-    for r in range(s.nranks):
-        gpu = ET.SubElement(algo, "gpu")
-        for k, v in zip(GPU_ATTRS, (r, lay.i_chunks, lay.o_chunks, len(scratch[r])), strict=True):
-            gpu.set(k, str(v))
-        for tb, tb_vals in enumerate(tb_meta[r]):
-            tbe = ET.SubElement(gpu, "tb")
-            for k, v in zip(TB_ATTRS, (tb, *tb_vals), strict=True):
-                tbe.set(k, str(v))
-            for i, (_kind, step, dep) in enumerate(items_of[r].get(tb, [])):
-                e = ET.SubElement(tbe, "step")
-                if step is None:
-                    vals: tuple[object, ...] = (i, "nop", "i", -1, "o", -1, 0)
-                    has = 0
-                else:
-                    vals = (i, step.type, *step.src, *step.dst, step.cnt)
-                    has = int(step.hasdep)
-                dep_vals = (dep.tb, dep.index) if dep is not None else (-1, -1)
-                for k, w in zip(STEP_ATTRS, (*vals, *dep_vals, has), strict=True):
-                    e.set(k, str(w))
-    ET.indent(algo, space="  ")
-    # msccl-tools writes empty elements as "<step .../>"; keep that exact spelling.
-    return ET.tostring(algo, encoding="unicode").replace(" />", "/>") + "\n"
+    return MscclLowering(s, lay, scratch, tb_meta, items_of, used_chan)
 
 
-# ---------------------------------------------------------------- import
-
-
-def _int(elem: ET.Element, attr: str, where: str, lo: int | None = None) -> int:
-    raw = elem.get(attr)
-    if raw is None:
-        raise MscclFormatError(f"{where}: missing attribute {attr!r}")
-    try:
-        val = int(raw)
-    except ValueError:
-        raise MscclFormatError(f"{where}: attribute {attr}={raw!r} is not an integer") from None
-    if lo is not None and val < lo:
-        raise MscclFormatError(f"{where}: attribute {attr}={val} must be >= {lo}")
-    return val
-
-
-def _str(elem: ET.Element, attr: str, where: str, allowed: tuple[str, ...] | set[str]) -> str:
-    raw = elem.get(attr)
-    if raw is None:
-        raise MscclFormatError(f"{where}: missing attribute {attr!r}")
-    if raw not in allowed:
-        raise MscclFormatError(
-            f"{where}: {attr}={raw!r} is not one of {', '.join(sorted(allowed))}"
-        )
-    return raw
-
-
-@dataclass
-class _XStep:
-    gpu: int
-    tb: int
-    idx: int
-    type: str
-    srcbuf: str
-    srcoff: int
-    dstbuf: str
-    dstoff: int
-    cnt: int
-    depid: int
-    deps: int
-    hasdep: int
-    chan: int
-    send: int
-    recv: int
-
-    @property
-    def where(self) -> str:
-        return f"gpu {self.gpu} tb {self.tb} step {self.idx}"
-
-
-_Gpu = tuple[dict[str, int], list[list[_XStep]]]  # buffer sizes, threadblocks' steps
-
-
-def _parse(text: str) -> tuple[dict[str, str], list[_Gpu], int]:
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError as exc:
-        raise MscclFormatError(f"not well-formed XML: {exc}") from None
-    if root.tag != "algo":
-        raise MscclFormatError(f"root element is <{root.tag}>, expected <algo>")
-    for a in ALGO_ATTRS:
-        if a not in root.attrib:
-            raise MscclFormatError(f"<algo>: missing attribute {a!r} (the executor requires it)")
-    ngpus = _int(root, "ngpus", "<algo>", 1)
-    nch = _int(root, "nchannels", "<algo>", 1)
-    gpus: dict[int, _Gpu] = {}
-    for g_el in root:
-        if g_el.tag != "gpu":
-            raise MscclFormatError(f"<algo> contains <{g_el.tag}>, expected <gpu>")
-        gid = _int(g_el, "id", "<gpu>", 0)
-        where = f"<gpu id={gid}>"
-        if gid >= ngpus or gid in gpus:
-            raise MscclFormatError(f"{where}: id is duplicated or not below ngpus={ngpus}")
-        sizes = {a: _int(g_el, a, where, 0) for a in GPU_ATTRS[1:]}
-        tbs: dict[int, list[_XStep]] = {}
-        for tb_el in g_el:
-            if tb_el.tag != "tb":
-                raise MscclFormatError(f"{where} contains <{tb_el.tag}>, expected <tb>")
-            tid = _int(tb_el, "id", f"{where} <tb>", 0)
-            tw = f"gpu {gid} tb {tid}"
-            if tid in tbs:
-                raise MscclFormatError(f"{tw}: duplicate threadblock id")
-            send = _int(tb_el, "send", tw, -1)
-            recv = _int(tb_el, "recv", tw, -1)
-            chan = _int(tb_el, "chan", tw, 0)
-            if gid in (send, recv) or send >= ngpus or recv >= ngpus:
-                raise MscclFormatError(f"{tw}: peers send={send} recv={recv} invalid for gpu {gid}")
-            if chan >= nch:
-                raise MscclFormatError(f"{tw}: chan={chan} is not below nchannels={nch}")
-            lst: list[_XStep] = []
-            for i, st_el in enumerate(tb_el):
-                sw = f"{tw} step {i}"
-                if st_el.tag != "step":
-                    raise MscclFormatError(f"{tw} contains <{st_el.tag}>, expected <step>")
-                if _int(st_el, "s", sw, 0) != i:
-                    raise MscclFormatError(
-                        f"{sw}: s={st_el.get('s')} does not match its position {i}"
-                    )
-                typ = _str(st_el, "type", sw, STEP_TYPES)
-                x = _XStep(
-                    gid, tid, i, typ,
-                    _str(st_el, "srcbuf", sw, ("i", "o", "s")), _int(st_el, "srcoff", sw, -1),
-                    _str(st_el, "dstbuf", sw, ("i", "o", "s")), _int(st_el, "dstoff", sw, -1),
-                    _int(st_el, "cnt", sw, 0), _int(st_el, "depid", sw, -1),
-                    _int(st_el, "deps", sw, -1), _int(st_el, "hasdep", sw, 0), chan, send, recv,
-                )  # fmt: skip
-                if x.hasdep > 1:
-                    raise MscclFormatError(f"{sw}: hasdep={x.hasdep} must be 0 or 1")
-                if typ in SEND_TYPES and send < 0:
-                    raise MscclFormatError(f"{sw}: type {typ!r} sends but the tb has send=-1")
-                if typ in RECV_TYPES and recv < 0:
-                    raise MscclFormatError(f"{sw}: type {typ!r} receives but the tb has recv=-1")
-                if typ != "nop" and x.cnt < 1:
-                    raise MscclFormatError(f"{sw}: cnt={x.cnt} must be >= 1")
-                _bounds(x, sizes)
-                lst.append(x)
-            tbs[tid] = lst
-        if sorted(tbs) != list(range(len(tbs))):
-            raise MscclFormatError(
-                f"{where}: threadblock ids must be 0..{len(tbs) - 1} without gaps"
-            )
-        gpus[gid] = (sizes, [tbs[i] for i in range(len(tbs))])
-    missing = sorted(set(range(ngpus)) - set(gpus))
-    if missing:
-        raise MscclFormatError(f"<algo>: ngpus={ngpus} but no <gpu id={missing[0]}>")
-    return dict(root.attrib), [gpus[g] for g in range(ngpus)], ngpus
-
-
-def _bounds(x: _XStep, sizes: dict[str, int]) -> None:
-    cap = {"i": sizes["i_chunks"], "o": sizes["o_chunks"], "s": sizes["s_chunks"]}
-    local_src = x.type in {"s", "rrs", "rrc", "rrcs", "cpy", "re"}
-    local_dst = x.type in {"r", "rcs", "rrc", "rrcs", "cpy", "re"}
-    for used, buf, off, what in (
-        (local_src, x.srcbuf, x.srcoff, "src"),
-        (local_dst, x.dstbuf, x.dstoff, "dst"),
-    ):
-        if used and not (off >= 0 and off + x.cnt <= cap[buf]):
-            raise MscclFormatError(
-                f"{x.where}: {what} {buf}[{off}..{off + x.cnt - 1}] outside the {cap[buf]}-chunk "
-                f"'{buf}' buffer of gpu {x.gpu}"
-            )
-
-
-_COLLS = {c.value: c for c in Collective}
-
-
-def from_msccl_xml(text: str) -> Schedule:
-    """Read an MSCCL algorithm back into a Schedule (transfers in a topological order)."""
-    attrs, gpus, n = _parse(text)
-    proto = _str_attr(attrs, "proto", PROTOCOLS)
-    coll_name = attrs["coll"]
-    if coll_name not in _COLLS:
-        raise MscclFormatError(
-            f"<algo>: coll={coll_name!r} is not supported (use {', '.join(_COLLS)})"
-        )
-    coll = _COLLS[coll_name]
-    for a in ("nchunksperloop", "minBytes", "maxBytes", "inplace", "outofplace"):
-        try:
-            int(attrs[a])
-        except ValueError:
-            raise MscclFormatError(
-                f"<algo>: attribute {a}={attrs[a]!r} is not an integer"
-            ) from None
-    o_chunks = max(sizes["o_chunks"] for sizes, _ in gpus)
-    per = n if coll in (Collective.ALLGATHER, Collective.ALLTOALL) else 1
-    if o_chunks < per or o_chunks % per:
-        raise MscclFormatError(
-            f"<algo>: o_chunks={o_chunks} does not fit a {coll_name} on {n} gpus"
-        )
-    c = o_chunks // per
-    tbs = [t for _, g in gpus for t in g]
-    root = _broadcast_root(tbs) if coll == Collective.BROADCAST else 0
-    lay = _Layout(coll, n, c, root)
-    xsteps = [x for t in tbs for x in t]
-    match = _match(gpus)
-    order = _step_order(gpus, match, xsteps)
-
-    content: dict[tuple[int, str, int], int] = {}
-    for g in range(n):
-        for off in range(lay.i_chunks):
-            k = lay.input_chunk(g, off)
-            if k is not None:
-                content[(g, "i", off)] = k
-    if attrs["inplace"] == "1" and attrs["outofplace"] == "0":
-        for g in range(n):  # input aliased into output: the output starts with the input's data
-            for k in range(lay.o_chunks):
-                ch = lay.output_chunk(g, k)
-                if lay.input_off(g, ch) is not None:
-                    content[(g, "o", k)] = ch
-
-    def read(x: _XStep, buf: str, off: int) -> list[int]:
-        out = []
-        for j in range(x.cnt):
-            ch = content.get((x.gpu, buf, off + j))
-            if ch is None:
-                raise MscclFormatError(
-                    f"{x.where}: reads {buf}[{off + j}], which holds no data yet"
-                )
-            out.append(ch)
-        return out
-
-    def write(x: _XStep, chunks: list[int]) -> None:
-        for j, ch in enumerate(chunks):
-            content[(x.gpu, x.dstbuf, x.dstoff + j)] = ch
-
-    key = {id(x): i for i, x in enumerate(xsteps)}
-    payload: dict[int, list[int]] = {}
-    made: dict[int, list[int]] = {}  # send step -> transfers it starts
-    near: dict[int, frozenset[int]] = {}
-    transfers: list[Transfer] = []
-    pending_deps: dict[int, set[int]] = {}
-    preds = _preds(gpus, match)
-
-    def near_preds(x: _XStep, skip: _XStep | None = None) -> set[int]:
-        out: set[int] = set()
-        for p in preds[key[id(x)]]:
-            if p is not skip:
-                out |= near[key[id(p)]]
-        return out
-
-    for x in order:
-        kx = key[id(x)]
-        produced: list[int] = []
-        if x.type in RECV_TYPES:
-            snd = match[kx]
-            data = payload[key[id(snd)]]
-            reducing = x.type in {"rrs", "rrc", "rrcs"}
-            if reducing and read(x, x.srcbuf, x.srcoff) != data:
-                raise MscclFormatError(
-                    f"{x.where}: reduces {x.srcbuf}[{x.srcoff}] with different chunks"
-                )
-            deps = near_preds(x, skip=snd)
-            for t in made[key[id(snd)]]:
-                pending_deps[t] |= deps
-            if x.type != "rrs":
-                write(x, data)
-            produced += made[key[id(snd)]]
-        if x.type in SEND_TYPES:
-            if x.type == "s":
-                data = read(x, x.srcbuf, x.srcoff)
-            payload[kx] = data
-            rx = match[kx]
-            reduce = rx.type in {"rrs", "rrc", "rrcs"}
-            base_deps = near_preds(x) | set(produced)
-            made[kx] = []
-            for first, cnt in _consecutive(data):
-                made[kx].append(len(transfers))
-                pending_deps[len(transfers)] = set(base_deps)
-                transfers.append(Transfer(x.gpu, x.send, data[first], cnt, reduce, (), x.chan))
-            produced = list(made[kx])
-        if x.type == "cpy":
-            write(x, read(x, x.srcbuf, x.srcoff))
-        elif x.type == "re":
-            raise MscclFormatError(f"{x.where}: local reduce steps ('re') have no IR equivalent")
-        near[kx] = frozenset(produced) if produced else frozenset(near_preds(x))
-    out = [
-        Transfer(
-            t.src, t.dst, t.chunk, t.count, t.reduce, tuple(sorted(pending_deps[i])), t.channel
-        )
-        for i, t in enumerate(transfers)
-    ]
-    return Schedule(
-        name=attrs["name"],
-        collective=coll,
-        nranks=n,
-        chunks_per_rank=c,
-        transfers=out,
-        root=root,
-        protocol=proto,
-        channels=int(attrs["nchannels"]),
-    )
-
-
-def _str_attr(attrs: dict[str, str], name: str, allowed: tuple[str, ...]) -> str:
-    if attrs[name] not in allowed:
-        raise MscclFormatError(f"<algo>: {name}={attrs[name]!r} is not one of {', '.join(allowed)}")
-    return attrs[name]
-
-
-def _consecutive(chunks: list[int]) -> Iterator[tuple[int, int]]:
-    start = 0
-    for i in range(1, len(chunks) + 1):
-        if i == len(chunks) or chunks[i] != chunks[i - 1] + 1:
-            yield start, i - start
-            start = i
-
-
-def _broadcast_root(tbs: list[list[_XStep]]) -> int:
-    roots = {x.gpu for t in tbs for x in t if x.type == "s" and x.srcbuf == "i"}
-    if len(roots) > 1:
-        raise MscclFormatError(f"broadcast reads the input of several gpus {sorted(roots)}")
-    return roots.pop() if roots else 0
-
-
-def _match(gpus: list[_Gpu]) -> dict[int, _XStep]:
-    """Pair the k-th send on each (gpu, peer, channel) with the k-th receive at the peer."""
-    key: dict[int, int] = {}
-    i = 0
-    for _, g in gpus:
-        for t in g:
-            for x in t:
-                key[id(x)] = i
-                i += 1
-    sends: dict[tuple[int, int, int], list[_XStep]] = {}
-    recvs: dict[tuple[int, int, int], list[_XStep]] = {}
-    for _, g in gpus:
-        for t in g:
-            if not t:
-                continue
-            x0 = t[0]
-            for peer, table, kind in ((x0.send, sends, SEND_TYPES), (x0.recv, recvs, RECV_TYPES)):
-                if peer < 0:
-                    continue
-                conn = (x0.gpu, peer, x0.chan) if table is sends else (peer, x0.gpu, x0.chan)
-                if conn in table:
-                    side = "sending to" if table is sends else "receiving from"
-                    raise MscclFormatError(
-                        f"gpu {x0.gpu} has two threadblocks {side} gpu {peer} on channel {x0.chan}"
-                    )
-                table[conn] = [x for x in t if x.type in kind]
-    out: dict[int, _XStep] = {}
-    for conn in sorted(set(sends) | set(recvs)):
-        ss, rr = sends.get(conn, []), recvs.get(conn, [])
-        if len(ss) != len(rr):
-            src, dst, chan = conn
-            raise MscclFormatError(
-                f"gpu {src} sends {len(ss)} times to gpu {dst} on channel {chan} but gpu {dst} "
-                f"receives {len(rr)} times from it"
-            )
-        for a, b in zip(ss, rr, strict=True):
-            if a.cnt != b.cnt:
-                raise MscclFormatError(
-                    f"{a.where} sends cnt={a.cnt} but {b.where} receives cnt={b.cnt}"
-                )
-            out[key[id(a)]] = b
-            out[key[id(b)]] = a
-    return out
-
-
-def _preds(gpus: list[_Gpu], match: dict[int, _XStep]) -> list[list[_XStep]]:
-    """Per step: what it waits for (previous step in its tb, depid/deps, the matching send)."""
-    flat = [x for _, g in gpus for t in g for x in t]
-    key = {id(x): i for i, x in enumerate(flat)}
-    preds: list[list[_XStep]] = [[] for _ in flat]
-    for _, g in gpus:
-        for t in g:
-            for i, x in enumerate(t):
-                px = preds[key[id(x)]]
-                if i:
-                    px.append(t[i - 1])
-                if x.depid >= 0:
-                    if x.depid >= len(g) or not 0 <= x.deps < len(g[x.depid]):
-                        raise MscclFormatError(
-                            f"{x.where}: depends on tb {x.depid} step {x.deps}, which does not exist"
-                        )
-                    target = g[x.depid][x.deps]
-                    if not target.hasdep:
-                        raise MscclFormatError(
-                            f"{x.where}: depends on {target.where}, which has hasdep=0 and so "
-                            f"never signals (deadlock)"
-                        )
-                    px.append(target)
-                if x.type in RECV_TYPES:
-                    px.append(match[key[id(x)]])
-    return preds
-
-
-def _step_order(gpus: list[_Gpu], match: dict[int, _XStep], flat: list[_XStep]) -> list[_XStep]:
-    preds = _preds(gpus, match)
-    key = {id(x): i for i, x in enumerate(flat)}
-    indeg = [len(p) for p in preds]
-    succ: list[list[int]] = [[] for _ in flat]
-    for i, ps in enumerate(preds):
-        for p in ps:
-            succ[key[id(p)]].append(i)
-    ready = deque(i for i, d in enumerate(indeg) if d == 0)
-    out: list[_XStep] = []
-    while ready:
-        i = ready.popleft()
-        out.append(flat[i])
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                ready.append(j)
-    if len(out) < len(flat):
-        stuck = next(flat[i] for i, d in enumerate(indeg) if d > 0)
-        raise MscclFormatError(f"deadlock: {stuck.where} waits on a cycle of steps")
-    return out
-
-
-__all__ = ["MscclFormatError", "ScheduleError", "from_msccl_xml", "to_msccl_xml"]
+__all__ = ["MscclFormatError", "MscclLowering", "ScheduleError", "lower_msccl", "to_msccl_xml"]

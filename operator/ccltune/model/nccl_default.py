@@ -1,15 +1,17 @@
 """What NCCL picks on its own: algorithm, protocol and channels, from NCCL's tuning model.
 
-NCCL (v2.19, src/graph/tuning.cc ncclTopoTuneModel + ncclTopoGetAlgoTime, src/enqueue.cc
-getAlgoInfo) predicts, per (algorithm, protocol), time = latency + size / bandwidth and takes the
-minimum; then it trims channels and threads for small sizes. We rebuild its inputs from the
-ClusterTopology instead of from NCCL's topology search:
+NCCL (src/graph/tuning.cc ncclTopoTuneModel + ncclTopoGetAlgoTime, src/enqueue.cc getAlgoInfo;
+v2.19 shape, latency and LL tables of 2.30.7, model/cost.py) predicts, per (algorithm, protocol),
+time = latency + size / bandwidth and takes the minimum; then it trims channels and threads for
+small sizes. We rebuild its inputs from the ClusterTopology instead of from NCCL's topology search:
 
 - ring/tree graphs: per-channel speed = the highest entry of NCCL's speed array (search.cc, sm90
   array on Hopper) that fits the GPU's ring bandwidth (sum of its NVLink/xGMI links, else its PCIe
   link; across nodes also the node's NIC bandwidth per rail-ring), channels = bandwidth / speed
   up to MAXCHANNELS/2, then NCCL's channel duplication when the speed is >= 25 GB/s.
-- bandwidth refinements, latencies, tree correction factors, ring plateau: tuning.cc verbatim.
+- bandwidth refinements, latencies, tree correction factors, ring plateau: tuning.cc restated.
+- the simulated pipeline uses NCCL's chunk sizes (enqueue.cc calcCollChunking; tree/LL128 halves
+  its chunk for mid sizes), within a transfer budget (docs/cost-model.md).
 - LL128 is on by default only with NVLink inside the node, one GPU generation of Volta/Ampere/
   Hopper, and across nodes a NIC under the GPU's PCIe switch (or Hopper with NVLink, PXN).
 - alltoall is not a tuned collective in NCCL (grouped send/recv): we report it as "p2p" with LL
@@ -23,7 +25,7 @@ Ampere tables with LL128 off (RCCL has its own tuning); CPU vendor assumed Intel
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..api.cluster import ClusterTopology, DeviceKind, LinkKind
 from ..api.common import Collective, Source
@@ -32,7 +34,6 @@ from .baselines import nccl_schedule_arrays
 from .bounds import lower_bound
 from .busbw import algbw_gbps, busbw_gbps
 from .cost import (
-    LL_MAX_BW,
     MAX_THREADS,
     MAXCHANNELS,
     PCI_BW,
@@ -45,6 +46,7 @@ from .cost import (
     Arch,
     arch_of,
     comp_cap_of,
+    ll_max_bw,
     nccl_latency_us,
     nodes_class,
     protocol_cost,
@@ -155,16 +157,15 @@ def _bandwidth(g: NcclGraph, coll: Collective, algo: str, proto: str) -> float:
     n, nn = g.nranks, g.nnodes
     ci = nodes_class(nn)
     arch = g.arch or Arch.AMPERE
-    ppn = n / nn
     bus = g.channels * g.speed_gbps
-    ll_max = LL_MAX_BW[arch.value][ci]
+    ll_max = ll_max_bw(g.arch, nn)
     if algo == "ring":
-        if proto == "LL":
-            factor = 1 / 4 if (nn > 1 or coll == Collective.ALLREDUCE) else 1 / 3
-            bus = min(ll_max, bus * factor)
+        if proto == "LL":  # NCCL 2.30.7 (v2.19: x1/4, or x1/3 for a 1-node non-allreduce)
+            bus = min(ll_max, bus * 0.5)
         elif proto == "LL128":
             bus = min(
-                bus * (0.7 if ppn < 2 else 0.92), g.channels * PER_CH_MAX_RING_LL128_BW[arch][ci]
+                bus * 0.92,
+                g.channels * PER_CH_MAX_RING_LL128_BW[arch][ci],  # 2.30.7: no ppn case
             )
         nsteps = (
             2 * (n - 1)
@@ -254,7 +255,11 @@ def _channels_threads(g: NcclGraph, algo: str, proto: str, size_bytes: int) -> t
 
 
 # Bytes per pipeline chunk NCCL moves per step (approximate; see docs/cost-model.md).
-_CHUNK_TARGET = {"Simple": 512 * 1024, "LL128": 576_000, "LL": 32 * 1024}
+_CHUNK_TARGET = {
+    "Simple": 512 * 1024,
+    "LL128": 576_000,
+    "LL": 32 * 1024,
+}  # stepSize (LL: /2, LL128: x15/16)
 _RING_CHUNK_STEPS = 4  # ALLREDUCE/ALLGATHER/REDUCESCATTER_CHUNKSTEPS for Simple
 
 
@@ -270,15 +275,35 @@ def _pipelined(coll: Collective, algo: str) -> bool:
     return coll == Collective.BROADCAST or algo not in ("ring", "direct")
 
 
+def tree_ll128_chunk(size_bytes: int, channels: int, nranks: int, nnodes: int) -> int:
+    """NCCL's tree/LL128 chunk (enqueue.cc calcCollChunking): the 576 000-byte step halves while a
+    channel's share holds fewer chunks than the pipeline needs (1 + log2(nNodes) + 0.1 ppn steps)."""
+    chunk = _CHUNK_TARGET["LL128"]
+    nnodes = max(nnodes, 1)
+    ppn = nranks / nnodes
+    steps = 1 + _log2i(nnodes) + 0.1 * ppn
+    while size_bytes // (channels * chunk) < steps * 64 / ppn and chunk > 131072:
+        chunk //= 2
+    while size_bytes // (channels * chunk) < steps * 16 / ppn and chunk > 32768:
+        chunk //= 2
+    return chunk
+
+
+def _log2i(n: int) -> int:
+    return n.bit_length() - 1
+
+
 def simulation_shape(
     coll: Collective | str, algo: str, proto: str, size_bytes: int, channels: int, n: int,
-    max_transfers: int,
+    max_transfers: int, *, nnodes: int = 1,
 ) -> tuple[int, int]:  # fmt: skip
     """(chunks per channel, channels) for simulating NCCL's pipeline within a transfer budget."""
     coll = Collective(coll)
     target = _CHUNK_TARGET[proto]
     if algo == "ring" and proto == "Simple" and coll != Collective.BROADCAST:
         target *= _RING_CHUNK_STEPS
+    if algo == "tree" and proto == "LL128":
+        target = tree_ll128_chunk(size_bytes, channels, n, nnodes)
     per_chunk = size_bytes / channels
     if coll in (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLTOALL) or (
         coll == Collective.ALLREDUCE and algo == "ring"
@@ -316,10 +341,21 @@ def default_estimate(
     sched_algo = "direct" if algo == "p2p" else algo
     channels = d.choice.channels or g.channels
     chunks, sim_channels = simulation_shape(
-        coll, sched_algo, proto, size_bytes, channels, topo.world_size, max_transfers
+        coll,
+        sched_algo,
+        proto,
+        size_bytes,
+        channels,
+        topo.world_size,
+        max_transfers,
+        nnodes=topo.node_count,
     )
     sched = nccl_schedule_arrays(coll, sched_algo, topo, chunks=chunks, channels=sim_channels)
     cost = protocol_cost(proto, link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)
+    if cost.channel_cap_gbps is not None and sim_channels < channels:
+        # Each simulated channel stands for channels / sim_channels of NCCL's, and so does its cap
+        # (else a 512-rank ring squeezed into 1 simulated channel runs at one channel's LL128 cap).
+        cost = replace(cost, channel_cap_gbps=cost.channel_cap_gbps * channels / sim_channels)
     # alltoall runs every flow at once: on a symmetric fabric one orbit per flow class is
     # simulated (direct_alltoall emits translates); else the batched engine handles that
     # contention far faster than the heap.

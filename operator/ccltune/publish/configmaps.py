@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import json
 import re
 from typing import Any
@@ -35,6 +36,36 @@ MANIFEST_KEY = "manifest.json"
 LABEL_PLAN = "ccltune.io/plan"
 LABEL_DIGEST = "ccltune.io/plan-digest"
 LABEL_ROLE = "ccltune.io/role"
+
+
+# API server limits: object names are DNS subdomains (<= 253), label values <= 63 characters.
+MAX_NAME = 253
+MAX_LABEL_VALUE = 63
+POINTER_SUFFIX = "-ccltune"
+
+
+def fit(text: str, limit: int) -> str:
+    """`text` if it fits, else a deterministic `<prefix>-<hash8>` of at most `limit` characters
+    (the prefix loses trailing '-' and '.', so the result stays a valid name and label value)."""
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return text[: limit - 9].rstrip("-.") + "-" + digest
+
+
+def pointer_name(tuning: str, configured: str | None = None) -> str:
+    """The pointer ConfigMap's name: publish.configMapName, else `<tuning>-ccltune` (fitted)."""
+    return configured or fit(tuning, MAX_NAME - len(POINTER_SUFFIX)) + POINTER_SUFFIX
+
+
+def plan_label(pointer: str) -> str:
+    """The ccltune.io/plan label value naming a pointer (names may be longer than labels)."""
+    return fit(pointer, MAX_LABEL_VALUE)
+
+
+def content_name(pointer: str, short_digest: str, index: int) -> str:
+    suffix = f"-{short_digest}-{index}"
+    return fit(pointer, MAX_NAME - len(suffix)) + suffix
 
 
 def config_key(path: str) -> str:
@@ -75,7 +106,7 @@ def render_configmaps(
     base_labels = {
         "app.kubernetes.io/managed-by": "ccltune",
         "app.kubernetes.io/part-of": "ccltune",
-        LABEL_PLAN: name,
+        LABEL_PLAN: plan_label(name),
         LABEL_DIGEST: short,
         **(labels or {}),
     }
@@ -97,7 +128,7 @@ def render_configmaps(
             current[field_name][key] = value
             size += entry_size + len(key)
             total += entry_size
-            items.append({"configMap": f"{name}-{short}-{len(shards) - 1}", "key": key,
+            items.append({"configMap": content_name(name, short, len(shards) - 1), "key": key,
                           "path": f.path, "sha256": f.digest, **extra})  # fmt: skip
     if total > MAX_PLAN_BYTES:
         raise ValueError(f"plan {name} is {total} bytes as stored, over the {MAX_PLAN_BYTES} a "
@@ -111,7 +142,7 @@ def render_configmaps(
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {
-                "name": f"{name}-{short}-{index}",
+                "name": content_name(name, short, index),
                 "namespace": namespace,
                 "labels": {**base_labels, LABEL_ROLE: "content"},
             },

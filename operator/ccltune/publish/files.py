@@ -11,6 +11,9 @@ REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
 NCCL_TOPO = "nccl-topo.xml"
 TUNER_CSV = "tuner.csv"
+TUNER_TABLE = "tuner.table"  # tune.table.TABLE_FILE (publish may not import tune)
+TUNER_PLUGIN_DIR = "/var/run/ccltune/plugin"  # where the injection copies libccltune-tuner.so
+TUNER_PLUGIN_PATH = f"{TUNER_PLUGIN_DIR}/libccltune-tuner.so"
 MSCCL_DIR = "msccl"
 
 
@@ -58,4 +61,9 @@ def injection_env(files: list[PlanFile], mount_dir: str) -> dict[str, str]:
     if TUNER_CSV in paths:
         # Read by NCCL's example tuner plugin (ext-tuner/example) when it is loaded.
         env["NCCL_TUNER_CONFIG_FILE"] = f"{mount_dir}/{TUNER_CSV}"
+    if TUNER_TABLE in paths:
+        # ccltune's plugin, copied into the pod by the injection (docs/tuner-plugin.md); an
+        # absolute path is dlopen'ed as is (NCCL src/plugin/tuner.cc).
+        env["NCCL_TUNER_PLUGIN"] = TUNER_PLUGIN_PATH
+        env["CCLTUNE_TUNER_TABLE"] = f"{mount_dir}/{TUNER_TABLE}"
     return env

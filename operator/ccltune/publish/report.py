@@ -8,6 +8,12 @@ from dataclasses import asdict, dataclass
 from ..api.common import format_size
 from ..api.plan import Plan, PlanTask
 
+RUNTIME_LINE = {
+    "nccl": "stock NCCL (no MSCCL: every row is NCCL's own choice or a tuner-table row)",
+    "msccl": "msccl-executor-nccl (NCCL 2.23.4 base; MSCCL files from MSCCL_ALGO_DIR)",
+    "rccl": "RCCL (MSCCL built in; RCCL_MSCCL_FORCE_ENABLE set when files are published)",
+}
+
 
 @dataclass(frozen=True)
 class Row:
@@ -23,11 +29,13 @@ class Row:
     source: str
     default_choice: str
     choice: str
+    realized_by: str  # what makes the runtime do it: NCCL default, tuner row N, msccl/<file>
 
 
 def task_rows(task: PlanTask) -> list[Row]:
     rows = []
     for d, c in zip(task.default_estimates, task.chosen_estimates, strict=True):
+        choice = c.choice or task.chosen
         bound_busbw = None if c.bound_us is None else c.busbw_gbps * c.time_us / c.bound_us
         rows.append(
             Row(
@@ -42,7 +50,8 @@ def task_rows(task: PlanTask) -> list[Row]:
                 speedup=round(d.time_us / c.time_us, 3),
                 source=str(c.source),
                 default_choice=(d.choice or task.default).describe(),
-                choice=(c.choice or task.chosen).describe(),
+                choice=choice.describe(),
+                realized_by=choice.realized_by or "NCCL default",
             )
         )
     return rows
@@ -58,7 +67,11 @@ def render_report_md(plan: Plan, topology_line: str) -> str:
         "nccl-tests factor of the collective, so numbers compare with nccl-tests output. The bound",
         "is ccltune's lower bound on time under the same cost model. Source says where each",
         "number came from (simulated: ccltune's event simulator; replayed: a measured table;",
-        "measured: a live run).",
+        "measured: a live run). Realized by names what makes the runtime do the chosen row:",
+        "NCCL's own choice, a row of the tuner table, an MSCCL file, or nccl.conf's process-wide",
+        "settings (docs/runtimes.md).",
+        "",
+        f"Runtime: {RUNTIME_LINE.get(plan.runtime, plan.runtime)}.",
         "",
     ]
     for task in plan.tasks:
@@ -70,8 +83,8 @@ def render_report_md(plan: Plan, topology_line: str) -> str:
             + (f" · {task.trials} tuning trials" if task.trials else ""),
             "",
             "| size | NCCL default | default µs | default busbw | chosen | chosen µs | algbw GB/s "
-            "| busbw GB/s | bound busbw | % of bound | speedup | source |",
-            "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
+            "| busbw GB/s | bound busbw | % of bound | speedup | source | realized by |",
+            "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for r in task_rows(task):
             bound = "" if r.bound_busbw_gbps is None else f"{r.bound_busbw_gbps:.2f}"
@@ -79,7 +92,7 @@ def render_report_md(plan: Plan, topology_line: str) -> str:
             out.append(
                 f"| {format_size(r.size)} | {r.default_choice} | {r.default_time_us:.2f} "
                 f"| {r.default_busbw_gbps:.2f} | {r.choice} | {r.time_us:.2f} | {r.algbw_gbps:.2f} | {r.busbw_gbps:.2f} | {bound} | {pct} "
-                f"| {r.speedup:.2f}x | {r.source} |"
+                f"| {r.speedup:.2f}x | {r.source} | {r.realized_by} |"
             )
         for note in task.notes:
             out.append(f"\n> {note}")
@@ -102,6 +115,7 @@ def render_report_json(plan: Plan, topology_line: str) -> str:
     body = {
         "plan": plan.name,
         "cluster": plan.cluster,
+        "runtime": plan.runtime,
         "topology": topology_line,
         "worldSize": plan.world_size,
         "nodes": plan.nodes,

@@ -386,6 +386,55 @@ def allreduce(rs: ScheduleArrays, ag: ScheduleArrays, name: str) -> ScheduleArra
                     channels=ag.channels)  # fmt: skip
 
 
+def fold_channels(arr: ScheduleArrays, channels: int) -> ScheduleArrays:
+    """The same transfers on at most `channels` channels (channel c -> c mod channels): fewer
+    threadblocks per GPU (each (peer, channel) needs one), more steps in each."""
+    if arr.channels <= channels:
+        return arr
+    return replace(arr, channel=(arr.channel % channels).astype(np.int32), channels=channels)
+
+
+def spread_channels(fab: Fabric, arr: ScheduleArrays, budget: int,
+                    per_peer: int = MAX_CHANNELS) -> tuple[ScheduleArrays | None, int]:  # fmt: skip
+    """`arr` with channels re-dealt so that each GPU needs at most `budget` threadblocks; None
+    when even one channel per peer needs more. Returns the threadblocks the result needs (or the
+    least it would).
+
+    MSCCL runs one threadblock per (peer, channel), a GPU's sends and receives paired. Peers of
+    one relative offset (dst - src, a translation) carry the same load on every GPU of a
+    symmetric schedule, so each offset d gets k_d channels, sum k_d = threadblocks per GPU:
+    one each, then one more at a time to the offset with the most transfers per threadblock
+    (at most `per_peer`). Channels are assigned on root 0's transfers and repeated for every
+    root, so the schedule stays translation invariant.
+    """
+    n = arr.nranks
+    grp = Translations(fab.sizes)
+    translated = arr.collective != Collective.BROADCAST and len(arr) % n == 0
+    t = len(arr) // n if translated else len(arr)
+    delta = grp.sub(arr.dst[:t].astype(np.int64), arr.src[:t].astype(np.int64))
+    if not translated:  # one root: per (sender, offset)
+        delta = arr.src[:t].astype(np.int64) * n + delta
+    classes, inv, load = np.unique(delta, return_inverse=True, return_counts=True)
+    need = len(classes) if translated else int(np.bincount(classes // n).max())
+    if need > budget:
+        return None, need
+    k = np.ones(len(classes), dtype=np.int64)
+    cap = np.minimum(per_peer, load)
+    for _ in range(budget - need if translated else 0):
+        room = k < cap
+        if not room.any():
+            break
+        i = int(np.argmax(np.where(room, load / k, -1.0)))
+        k[i] += 1
+    # A block keeps its channel where the offset has that many: a chunk's path stays on one
+    # channel id, so fewer of its steps wait across threadblocks (each wait beyond the first
+    # costs a nop step).
+    chan0 = (arr.channel[:t] % k[inv]).astype(np.int32)
+    channel = np.tile(chan0, n) if translated else chan0
+    tbs = int(k.sum()) if translated else need
+    return replace(arr, channel=channel, channels=int(k.max())), tbs
+
+
 def alltoall(fab: Fabric, columns: list[Column], pieces: int, name: str) -> ScheduleArrays:
     """N scatters; each destination's chunks follow its sketch's dimension-ordered route."""
     n = fab.nranks

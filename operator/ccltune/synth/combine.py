@@ -163,9 +163,13 @@ def candidates(fab: asm.Fabric, coll: Collective, sketches: list[Sketch], patter
             return _objective(wq, rows), blocks
 
         # The fewest blocks whose rounded ratios come within 1% of the LP's optimum (else the
-        # closest up to MIX_BLOCKS): blocks cost transfers, rounding costs bandwidth.
-        best_z = min(rounded(t)[0] for t in range(len(used), MIX_BLOCKS + 1))
-        total = next(t for t in range(len(used), MIX_BLOCKS + 1)
+        # closest up to MIX_BLOCKS): blocks cost transfers, rounding costs bandwidth. Totals are
+        # powers of two: chunks per rank must divide power-of-two message sizes, or
+        # msccl-executor never selects the file (model/msccl_limits.py).
+        totals = [t for t in (1 << k for k in range(MIX_BLOCKS.bit_length()))
+                  if len(used) <= t <= MIX_BLOCKS]  # fmt: skip
+        best_z = min(rounded(t)[0] for t in totals)
+        total = next(t for t in totals
                      if rounded(t)[0] <= max(best_z, 1.01 * _objective(w, rows)))  # fmt: skip
         z, blocks = rounded(total)
         columns = [asm.Column(cols[i][1], b) for i, b in zip(used, blocks, strict=True) if b > 0]

@@ -9,6 +9,12 @@
    every protocol; per size the best of the candidates and NCCL's default choice (simulated
    with the same simulator) wins; equal neighbours merge into size ranges;
 5. output: one MSCCL XML per synthesized range, checked by model.check before it is written.
+
+Every variant is fitted to msccl-executor-nccl before it is evaluated (`_fit`): its channels are
+folded until each GPU needs at most the SM budget's threadblocks, and it is dropped (with a note)
+when a threadblock would need more steps than the executor holds or a rank's part of the file
+more XML nodes. At each size only variants the executor would select there are tried: chunks per
+rank must divide every size a framework calls (model/msccl_limits.py).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..api.cluster import ClusterTopology, Dimension
 from ..api.common import Collective, Source, format_size
 from ..api.plan import Estimate
@@ -27,7 +35,8 @@ from ..model.busbw import algbw_gbps, busbw_gbps
 from ..model.check import check_schedule
 from ..model.cost import protocol_cost
 from ..model.ir import ScheduleArrays
-from ..model.msccl import MscclFormatError, to_msccl_xml
+from ..model.msccl import MscclFormatError, lower_msccl
+from ..model.msccl_limits import MAX_CHANNELS, MAX_STEPS, first_selected
 from ..model.nccl_default import default_estimate, nccl_default, nccl_graph
 from ..model.routing import Router
 from ..model.simulate import simulate
@@ -79,6 +88,8 @@ class RangeResult:
     sizes: list[SizeResult]
     xml_file: str | None = None
     reason: str = ""
+    file_min_bytes: int = 0  # the file's minBytes: from the range's smallest evaluated size
+    threadblocks: int = 0  # per GPU, in the file
 
 
 @dataclass
@@ -91,6 +102,7 @@ class SynthesisResult:
     notes: list[str] = field(default_factory=list)
     budget_exhausted: bool = False
     symmetric: bool = True
+    max_threadblocks: int = 0  # the SM budget the files were fitted to
     stats: SearchStats | None = None
     timings: dict[str, float] = field(default_factory=dict)
     subschedules: list[SubSchedule] = field(default_factory=list)
@@ -120,16 +132,21 @@ def synthesize(
     top_k: int = 2,
     progress: Progress | None = None,
     root: int = 0,
+    max_threadblocks: int | None = None,
 ) -> SynthesisResult:
-    """Synthesize `collective` on `topo` for `sizes` (nccl-tests' size convention)."""
+    """Synthesize `collective` on `topo` for `sizes` (nccl-tests' size convention), with at
+    most `max_threadblocks` threadblocks per GPU (default: NCCL's channel count there)."""
     coll = Collective(collective)
     sizes = sorted({int(s) for s in sizes})
     if not sizes or sizes[0] <= 0:
         raise ValueError("sizes: give at least one positive size")
+    if max_threadblocks is not None and max_threadblocks < 1:
+        raise ValueError("max_threadblocks: give at least 1")
     say = progress or (lambda _m, _f: None)
     clock = _Clock(time_budget_s)
     router = Router(topo)
     result = SynthesisResult(topo.name, coll, topo.world_size, [], [])
+    result.max_threadblocks = max_threadblocks or default_threadblocks(coll, topo, sizes)
     if topo.dimensions is None or topo.world_size < 2:
         why = topo.asymmetry_reason or "a single GPU has nothing to synthesize"
         result.symmetric = False
@@ -179,8 +196,15 @@ def synthesize(
     # combination predicts fastest at the largest size gets MAX_CHUNKS_LARGE, the others
     # MAX_CHUNKS_SMALL: deep pipelines pay only at large sizes. The simulator picks per size.
     lead = min(cands, key=lambda c: c.estimate_us(sizes[-1]))
+    budget = result.max_threadblocks
+    dropped: list[str] = []
+    least = 0  # threadblocks per GPU the leanest variant needs
     for cand in cands:
         nblocks = sum(c.blocks for c in cand.columns)
+        if nblocks & (nblocks - 1):
+            dropped.append(f"{cand.label}: {nblocks} blocks, not a power of two (chunks per "
+                           "rank must divide power-of-two sizes)")  # fmt: skip
+            continue
         limit = MAX_CHUNKS
         if fab.nranks > 64:
             limit = MAX_CHUNKS_LARGE if cand is lead else MAX_CHUNKS_SMALL
@@ -195,9 +219,30 @@ def synthesize(
             label = f"{cand.label}/p{pieces}x{depth}"
             deep = Candidate(cand.label, [asm.Column(c.sketch, c.blocks * depth)
                                           for c in cand.columns], 0.0, 0.0)  # fmt: skip
-            variants.append((label, _build(fab, coll, deep, patterns, pieces, root, label)))
+            fitted, why, need = _fit(fab, _build(fab, coll, deep, patterns, pieces, root, label),
+                                     budget)  # fmt: skip
+            least = min(least or need, need)
+            if fitted is None:
+                dropped.append(f"{label}: {why}")
+                continue
+            variants.append((label, fitted))
     result.timings["assemble_s"] = time.perf_counter() - t2
     result.schedules = dict(variants)
+    if dropped:
+        more = f"; and {len(dropped) - 3} more" if len(dropped) > 3 else ""
+        result.notes.append(
+            f"{len(dropped)} candidate schedule(s) msccl-executor-nccl could not run within "
+            f"{budget} threadblocks per GPU were dropped: {'; '.join(dropped[:3])}{more}"
+        )
+    if not variants and least > budget:
+        result.notes.append(
+            f"no synthesized schedule fits {budget} threadblocks per GPU (NCCL's own channel "
+            f"count here); the leanest needs {least}: set synthesis.maxThreadblocks to at least "
+            f"{least} to allow it"
+        )
+    # The smallest minBytes from which the executor selects each variant at every callable size.
+    sel_from = {lb: first_selected(coll, topo.world_size, _chunks_per_loop(arr), 1)
+                for lb, arr in variants}  # fmt: skip
     say(f"{len(variants)} candidate schedules assembled", 0.45)
 
     # Evaluate: screen every variant at the smallest and largest size, then simulate the few
@@ -256,6 +301,12 @@ def synthesize(
             hi = min(j for j in grid if j > i)
             names = {winners.get(lo), winners.get(hi)}
             tried = [v for v in finalists if v[0] in names] or finalists
+
+        def runs_at(v: tuple[str, ScheduleArrays], at: int = s) -> bool:
+            start = sel_from[v[0]]
+            return start is not None and start <= at
+
+        tried = [v for v in tried if runs_at(v)] or [v for v in variants if runs_at(v)]
         best: tuple[float, str, str] | None = None
         for label, arr in tried:
             for proto in _protocols(s):
@@ -268,7 +319,12 @@ def synthesize(
         if best is not None:
             winners[i] = best[1]
         say(f"evaluated {format_size(s)}", 0.5 + 0.45 * (n_done + 1) / len(sizes))
-        picks[i] = _pick(coll, s, topo, default, best, bound)
+        none = ("no synthesized schedule fits msccl-executor-nccl within the SM budget (see the "
+                "notes)" if not variants else
+                "no synthesized candidate was evaluated (budget)" if tried else
+                "no synthesized schedule is selected by msccl-executor-nccl at this size (its "
+                "chunks per rank do not divide it)")  # fmt: skip
+        picks[i] = _pick(coll, s, topo, default, best, bound, none)
     result.sizes = [picks[i] for i in range(len(sizes)) if i in picks]
     if skipped:
         result.notes.append(
@@ -289,6 +345,78 @@ def synthesize(
     result.timings["total_s"] = time.perf_counter() - clock.start
     say("done", 1.0)
     return result
+
+
+def default_threadblocks(coll: Collective, topo: ClusterTopology, sizes: list[int]) -> int:
+    """The SM budget by default: the most channels NCCL's own choice runs this collective on at
+    any of `sizes` (one threadblock per channel; model/nccl_default restates NCCL's channel
+    search and its per-size trimming in enqueue.cc)."""
+    graph = nccl_graph(topo).channels
+    return max(1, *((nccl_default(coll, s, topo).choice.channels or graph) for s in sizes))
+
+
+def _chunks_per_loop(arr: ScheduleArrays) -> int:
+    """nchunksperloop of the file (model/msccl.py writes max(i_chunks, o_chunks))."""
+    n, c = arr.nranks, arr.chunks_per_rank
+    if arr.collective in (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLTOALL):
+        return n * c
+    return c
+
+
+def _streams(arr: ScheduleArrays, chans: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per (rank, channel) on `chans` channels: threadblocks the writer makes there (one per
+    peer it sends to or receives from, sends and receives paired), and steps it must hold."""
+    n = arr.nranks
+    chan = arr.channel.astype(np.int64) % chans
+    src, dst = arr.src.astype(np.int64), arr.dst.astype(np.int64)
+    tbs = np.zeros(n * chans, dtype=np.int64)
+    steps = np.zeros(n * chans, dtype=np.int64)
+    most = np.zeros(n * chans, dtype=np.int64)  # the busiest stream: one threadblock holds it
+    for me, peer in ((src, dst), (dst, src)):
+        slot = me * chans + chan
+        keys, per_stream = np.unique(slot * n + peer, return_counts=True)
+        peers = np.bincount(keys // n, minlength=n * chans)
+        tbs = np.maximum(tbs, peers)
+        steps += np.bincount(slot, minlength=n * chans)
+        np.maximum.at(most, keys // n, per_stream)
+    floor = np.maximum(most, -(-steps // np.maximum(tbs, 1)))
+    return tbs.reshape(n, chans).sum(axis=1), floor
+
+
+def _fit(fab: asm.Fabric, arr: ScheduleArrays,
+         budget: int) -> tuple[ScheduleArrays | None, str, int]:  # fmt: skip
+    """`arr` with its channels dealt to fit `budget` threadblocks per GPU, or None and why not;
+    and the threadblocks it needs with one channel per peer.
+
+    Two deals are tried: every peer on the most channels the budget allows (a block keeps its
+    channel modulo that, so chunk paths stay on one channel and need few cross-threadblock
+    waits), else per-peer channel counts that follow the load (assemble.spread_channels).
+    Steps per threadblock are counted from the arrays first (a floor); only a deal that may fit
+    is lowered, and the lowering decides.
+    """
+    least = int(_streams(arr, 1)[0].max())
+    chans = min(arr.channels, MAX_CHANNELS)
+    while chans > 1 and _streams(arr, chans)[0].max() > budget:
+        chans -= 1
+    spread, need = asm.spread_channels(fab, arr, budget)
+    if spread is None:
+        return None, f"needs {need} threadblocks per GPU (one per peer)", least
+    why = ""
+    for dealt in (asm.fold_channels(arr, chans), spread):
+        tbs, floor = _streams(dealt, dealt.channels)
+        if tbs.max() > budget:
+            why = why or f"needs {tbs.max()} threadblocks per GPU"
+            continue
+        if floor.max() > MAX_STEPS:
+            why = why or f"needs {floor.max()}+ steps per threadblock (the limit: {MAX_STEPS})"
+            continue
+        try:
+            lower_msccl(dealt.to_schedule()).require(max_threadblocks=budget)
+        except MscclFormatError as exc:
+            why = why or str(exc)
+            continue
+        return dealt, "", least
+    return None, why, least
 
 
 def _solve(dims: list[Dimension], sketches: list[Sketch], symmetric: bool, pieces: int,
@@ -356,12 +484,12 @@ def _nccl_size(
 
 
 def _pick(coll: Collective, s: int, topo: ClusterTopology, default: Estimate,
-          best: tuple[float, str, str] | None, bound: float) -> SizeResult:  # fmt: skip
+          best: tuple[float, str, str] | None, bound: float, none: str) -> SizeResult:  # fmt: skip
     dflt = _estimate(coll, s, topo, default.time_us, bound)
     ch = nccl_default(coll, s, topo).choice
     if best is None:
         return SizeResult(s, f"nccl:{ch.describe()}", ch.protocol or "Simple", dflt, dflt, None,
-                          bound, "no synthesized candidate was evaluated (budget)")  # fmt: skip
+                          bound, none)  # fmt: skip
     t, label, proto = best
     syn = _estimate(coll, s, topo, t, bound)
     if t < default.time_us:
@@ -392,9 +520,10 @@ def _ranges(sizes: list[SizeResult], schedules: dict[str, ScheduleArrays], coll:
                          arr.channels if arr is not None else 0, grp, reason=first.reason)  # fmt: skip
         if arr is not None and out_dir is not None:
             try:
-                rr.xml_file = _write_xml(arr, coll, rr, Path(out_dir), topo)
+                rr.xml_file = _write_xml(arr, coll, rr, Path(out_dir), topo,
+                                         result.max_threadblocks)  # fmt: skip
             except MscclFormatError as exc:
-                # The executor cannot run it (e.g. > 256 steps per threadblock): NCCL instead.
+                # The executor cannot run it (its limits or the SM budget): NCCL instead.
                 rr.kind, rr.xml_file = "nccl", None
                 rr.reason = f"MSCCL cannot express {first.chosen}: {exc}; NCCL's default is used"
                 result.notes.append(f"{format_size(max(lo, 1))}..: {rr.reason}")
@@ -408,14 +537,25 @@ def _ranges(sizes: list[SizeResult], schedules: dict[str, ScheduleArrays], coll:
 
 
 def _write_xml(arr: ScheduleArrays, coll: Collective, rr: RangeResult, out_dir: Path,
-               topo: ClusterTopology) -> str:  # fmt: skip
+               topo: ClusterTopology, budget: int) -> str:  # fmt: skip
     sched = arr.to_schedule()
     sched.protocol = rr.protocol
     check_schedule(sched)  # never write a file the checker rejects
+    # From the smallest size simulated in the range (the first range's lower end, 0, was never
+    # simulated); evaluation only picked sizes the executor selects, so nothing narrows here.
+    lo = max(rr.min_bytes, rr.sizes[0].size_bytes)
+    start = first_selected(coll, topo.world_size, _chunks_per_loop(arr), lo, rr.max_bytes)
+    if start is None or start > rr.sizes[0].size_bytes:
+        raise MscclFormatError(f"msccl-executor-nccl would not select it at "
+                               f"{format_size(rr.sizes[0].size_bytes)}")  # fmt: skip
+    rr.file_min_bytes = start
     hi = "inf" if rr.max_bytes == 0 else format_size(rr.max_bytes + 1)
     name = f"{coll.value}-{topo.world_size}r-{format_size(max(rr.min_bytes, 1))}-{hi}-{rr.protocol}"
-    xml = to_msccl_xml(sched, name=name, proto=rr.protocol, nchannels=sched.channels,
-                       min_bytes=rr.min_bytes, max_bytes=rr.max_bytes or None, inplace=False)  # fmt: skip
+    low = lower_msccl(sched)
+    low.require(max_threadblocks=budget)
+    rr.threadblocks = low.threadblocks
+    xml = low.render(name=name, proto=rr.protocol, nchannels=sched.channels, min_bytes=start,
+                     max_bytes=rr.max_bytes or None, inplace=False)  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.xml"
     path.write_text(xml, encoding="utf-8")

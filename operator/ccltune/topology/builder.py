@@ -72,6 +72,7 @@ def build(spec: ClusterSpec) -> ClusterTopology:
             devices=devices,
             links=links,
             sources=spec.sources,
+            host_cpu=spec.cpu,
         )
     except ValueError as exc:  # pydantic ValidationError is a ValueError
         raise TopologyError(f"cluster {spec.name!r}: {exc}") from exc

@@ -68,6 +68,7 @@ def _wire(data: dict, lines: dict, source: str) -> ClusterTopology:
                                 node_names=[n.name for n in topo.nodes])
         built.nodes = [n.model_copy(update={"fabric": {**b.fabric, **n.fabric}}) for n, b in zip(topo.nodes, built.nodes, strict=True)]
         return built.model_copy(update={"description": topo.description, "gpu_model": topo.gpu_model,
+                                        "host_cpu": topo.host_cpu, "nccl_topology": topo.nccl_topology,
                                         "sources": {**built.sources, **topo.sources}})
     detected = detect(topo)
     if topo.dimensions is not None:

@@ -28,6 +28,9 @@ NVLINK_LINK_GBPS = 25.0
 _CC = (("H100", "9.0"), ("H800", "9.0"), ("H200", "9.0"), ("A100", "8.0"), ("A800", "8.0"),
        ("A40", "8.6"), ("V100", "7.0"))
 _NVLINK_VERSION = {"9.0": 4, "8.0": 3, "8.6": 3, "7.0": 2}
+# AMD Instinct: ROCm target and compute units (AMD ROCm docs "GPU hardware specifications":
+# MI300X gfx942 304 CUs, MI300A gfx942 228 CUs), for RCCL's topology file.
+_AMD = (("MI300X", "gfx942", 304), ("MI300A", "gfx942", 228))
 # PCI class codes (PCI-SIG class code table): 3D controller, InfiniBand / Ethernet controller,
 # PCI-to-PCI bridge, processing accelerator.
 CLASS_GPU, CLASS_IB, CLASS_ETH, CLASS_BRIDGE, CLASS_ACCEL = "0x030200", "0x020700", "0x020000", "0x060400", "0x120000"
@@ -150,8 +153,11 @@ def node_spec(topo: ClusterTopology, node_name: str) -> NodeTopologySpec:
     if next_bus > 0xFF:
         raise TopologyError(f"node {node_name}: too many PCI devices for one synthetic PCI domain")
     numa_of = {dev: socket.get(pcie_parent(dev), 0) for dev in gpus + nics}
-    cc = next((v for k, v in _CC if k in topo.gpu_model.upper()), None)
+    cc = next((v for k, v in _CC if k in topo.gpu_model.upper()), None) if nvidia else None
+    amd = next(((g, cu) for k, g, cu in _AMD if k in topo.gpu_model.upper()), None) if not nvidia else None
     gpu_models = [_gpu(topo, node_name, i, gid, bus_of, adj, kind, numa_of[gid], cc) for i, gid in enumerate(gpus)]
+    if amd:
+        gpu_models = [g.model_copy(update={"gcn_arch": amd[0], "compute_units": amd[1]}) for g in gpu_models]
     nic_models = []
     for j, nic in enumerate(nics):
         rate = sum(lk.bandwidth_gbps for other, lk in adj.get(nic, []) if lk.kind == LinkKind.NET) * 8
@@ -179,7 +185,7 @@ def node_spec(topo: ClusterTopology, node_name: str) -> NodeTopologySpec:
     numa = [NumaNode(id=k, cpus=f"{k * CPUS_PER_SOCKET}-{(k + 1) * CPUS_PER_SOCKET - 1}") for k in range(len(cpus))]
     return NodeTopologySpec(
         node_name=node_name, agent_version="ccltune-model", gpus=gpu_models, p2p=p2p, pci_devices=pci,
-        nics=nic_models, affinity=affinity, nic_binding=binding, numa_nodes=numa,
+        nics=nic_models, affinity=affinity, nic_binding=binding, numa_nodes=numa, cpu=topo.host_cpu,
         notes=[f"synthesized from cluster model {topo.name}; PCI bus ids and cpulists are synthetic"],
     )
 

@@ -19,9 +19,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from ..api.cluster import ClusterNode, ClusterTopology, Device, DeviceKind, Link, LinkKind
+from ..api.cluster import (
+    ClusterNode,
+    ClusterTopology,
+    Device,
+    DeviceKind,
+    Link,
+    LinkKind,
+    NodeNcclTopology,
+)
 from ..api.nodetopology import NodeTopology, NodeTopologySpec
 from .errors import TopologyError
+from .nccl_xml import write_nccl_xml
 from .spec import pcie_bandwidth
 from .symmetry import detect
 
@@ -97,11 +106,14 @@ def from_nodes(
     if any(nic_bw.values()):  # a lone node keeps its leaf too, so NIC rates survive (NCCL XML)
         _network(specs, place, nic_bw, devices, links, oversubscription)
     gpu_name = specs[0].gpus[0].name if specs[0].gpus else ""
+    cpus = {s.cpu.model_dump_json() if s.cpu else "" for s in specs}
     try:
         topo = ClusterTopology(
             name=name, description=f"{len(specs)} nodes from NodeTopology reports and node labels",
             gpu_model=gpu_name[:256], gpus_per_node=len(specs[0].gpus), nodes=cluster_nodes,
             devices=devices, links=links,
+            host_cpu=specs[0].cpu if len(cpus) == 1 else None,
+            nccl_topology=_nccl_topology(specs),
             sources={
                 "devices": "NodeTopology reports of the ccltune agent (NVML, sysfs PCI and InfiniBand)",
                 "network": "node labels " + ", ".join(k for ks in keys.values() for k in ks),
@@ -114,6 +126,14 @@ def from_nodes(
     except ValueError as exc:
         raise TopologyError(f"nodes: {exc}") from None
     return detect(topo)
+
+
+def _nccl_topology(specs: list[NodeTopologySpec]) -> list[NodeNcclTopology]:
+    """Each node's NCCL topology file from its own report (real bus ids), grouped when equal."""
+    groups: dict[tuple[str, bool], list[str]] = {}
+    for spec in specs:
+        groups.setdefault((write_nccl_xml(spec), spec.pcie_flattened), []).append(spec.node_name)
+    return [NodeNcclTopology(nodes=nodes, xml=xml, pcie_hidden=hidden) for (xml, hidden), nodes in groups.items()]
 
 
 def _placement(node: str, node_labels: Mapping[str, str], keys: Mapping[str, tuple[str, ...]]) -> dict[str, str]:

@@ -1,13 +1,25 @@
 """NCCL topology XML (the NCCL_TOPO_FILE format): write one from a NodeTopologySpec, parse any.
 
 Format as NCCL's own dumps (NCCL_TOPO_DUMP_FILE) and the files cloud images ship (see
-/work/shared/data/topologies): <system version="1"> -> <cpu numaid affinity> -> nested <pci busid
-class vendor device link_speed link_width> -> <gpu dev sm rank> with <nvlink target count tclass>,
-or <nic> with <net name dev speed port guid>. NCCL fills attributes a file leaves out by live
-detection (e.g. ncclTopoGetXmlFromCpu sets affinity from nodeN/cpumap and arch/vendor from CPUID
-when absent), so only what we know is written.
+/work/shared/data/topologies): <system version="1"> -> <cpu numaid affinity arch vendor familyid
+modelid> -> nested <pci busid class vendor device subsystem_* link_speed link_width> -> <gpu dev
+sm> with <nvlink target count tclass>, or <nic> with <net name dev speed port>.
 
-PCI nesting follows NCCL (src/graph/xml.cc, ncclTopoGetPciNode): walking up sysfs it skips one
+What is written, and why (NCCL 2.30.7 src/graph/topo.cc, xml.cc):
+- <cpu> carries its full identity. NCCL fills arch/vendor/familyid/modelid from CPUID only for the
+  CPU above the calling rank's own GPU; a CPU reached only through file NICs stays bare in that
+  rank's XML, the ranks' XMLs then fuse into two <cpu> of the same numaid and ncclTopoAddCpu fails
+  with "Attribute arch of node cpu not found".
+- <gpu> has dev and sm only. NCCL sets `rank` itself (xmlSetAttrInt) and keeps a file's `gdr`
+  over its own GPUDirect detection (xmlInitAttrInt), so writing gdr would force it on or off.
+- <net> has no guid, latency, maxconn or gdr: NCCL takes them from the net plugin unless the
+  file sets them (xmlInitAttr*), and a guid is unique per node, which would make every node's
+  file different.
+AMD GPUs get RCCL's form instead (ROCm/rccl src/graph/xml.h NCCL_TOPO_XML_VERSION 2, topo.cc
+ncclTopoAddGpu): <system version="2">, <gpu dev sm=compute units gcn>, <xgmi target count tclass>.
+NVIDIA NCCL rejects version 2 and RCCL rejects version 1, so no file serves both.
+
+PCI nesting follows NCCL (src/graph/xml.cc, ncclTopoGetXmlFromSys): walking up sysfs it skips one
 level each step, so a PCIe switch appears as its upstream port and root ports vanish into the CPU.
 """
 
@@ -18,14 +30,18 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ccltune.api.nodetopology import NodeTopologySpec
+from ccltune.api.nodetopology import HostCpu, NodeTopologySpec
 
 # PCI class of the remote end of an NVLink, as NCCL writes `tclass` (nvml device type -> class).
 TCLASS_GPU = "0x030200"
 TCLASS_NVSWITCH = "0x068000"
+# Processing accelerator: the class of AMD Instinct GPUs and of their xGMI peers in RCCL's files.
+TCLASS_ACCEL = "0x120000"
 # NCCL ignores the target of NVSwitch links (all NVSwitches form one NVS node); used when NVML
 # could not name the switch (common in VMs).
 NVSWITCH_PLACEHOLDER = "ffff:ff:ff.0"
+NCCL_XML_VERSION = "1"  # NVIDIA NCCL src/graph/xml.h NCCL_TOPO_XML_VERSION
+RCCL_XML_VERSION = "2"  # ROCm/rccl src/graph/xml.h NCCL_TOPO_XML_VERSION (commit 0cbce2a)
 
 
 def switch_chain(bus_id: str, parent_of: Mapping[str, str | None]) -> list[str]:
@@ -63,8 +79,27 @@ def _gts(speed: str | None) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def cpu_attrs(cpu: HostCpu | None) -> dict[str, str]:
+    """The <cpu> identity attributes NCCL writes (xml.cc ncclTopoGetXmlFromCpu); what is known."""
+    if cpu is None:
+        return {}
+    attrs: dict[str, str] = {"arch": cpu.arch}
+    if cpu.arch == "x86_64":
+        if cpu.vendor:
+            attrs["vendor"] = cpu.vendor
+        if cpu.family_id is not None and cpu.model_id is not None:
+            attrs["familyid"] = str(cpu.family_id)
+            attrs["modelid"] = str(cpu.model_id)
+    return attrs
+
+
+def is_rccl_form(spec: NodeTopologySpec) -> bool:
+    return any(g.gcn_arch for g in spec.gpus)
+
+
 def write_nccl_xml(spec: NodeTopologySpec) -> str:
-    """The node's NCCL topology file. Devices are grouped by NUMA node; switches only if real."""
+    """The node's topology file (RCCL's form for AMD GPUs). Devices grouped by NUMA node."""
+    rccl = is_rccl_form(spec)
     pci = {d.bus_id: d for d in spec.pci_devices}
     parent_of = {d.bus_id: d.parent for d in spec.pci_devices}
     numa_ids = sorted({n.id for n in spec.numa_nodes} | {g.numa_node for g in spec.gpus if g.numa_node >= 0}
@@ -74,13 +109,14 @@ def write_nccl_xml(spec: NodeTopologySpec) -> str:
     cpus_of = {n.id: n.cpus for n in spec.numa_nodes}
     groups = max(1, (max((_max_cpu(c) for c in cpus_of.values()), default=-1) + 32) // 32)
 
-    system = ET.Element("system", version="1")
+    system = ET.Element("system", version=RCCL_XML_VERSION if rccl else NCCL_XML_VERSION)
     cpu_el: dict[int, ET.Element] = {}
+    identity = cpu_attrs(spec.cpu)
     for nid in numa_ids:
         attrs = {"numaid": str(nid)}
         if cpus_of.get(nid):
             attrs["affinity"] = cpulist_to_mask(cpus_of[nid], groups)
-        cpu_el[nid] = ET.SubElement(system, "cpu", attrs)
+        cpu_el[nid] = ET.SubElement(system, "cpu", {**attrs, **identity})
     pci_el: dict[str, ET.Element] = {}
 
     def numa_for(bus: str, default: int) -> int:
@@ -92,11 +128,11 @@ def write_nccl_xml(spec: NodeTopologySpec) -> str:
         attrs = {"busid": bus, "class": cls}
         dev = pci.get(bus)
         if dev is None:
-            return attrs
-        if dev.vendor:
-            attrs["vendor"] = dev.vendor
-        if dev.device:
-            attrs["device"] = dev.device
+            # NCCL's loader needs both; "" / 0 are what it records when sysfs has no value.
+            return {**attrs, "link_speed": "", "link_width": "0"}
+        for name in ("vendor", "device", "subsystem_vendor", "subsystem_device"):
+            if getattr(dev, name):
+                attrs[name] = getattr(dev, name)
         # NCCL records the slower of the device and its upstream port.
         speeds = [s for s in (dev.max_link_speed, pci[dev.parent].max_link_speed if dev.parent in pci else None) if s]
         widths = [w for w in (dev.max_link_width, pci[dev.parent].max_link_width if dev.parent in pci else None) if w]
@@ -119,26 +155,31 @@ def write_nccl_xml(spec: NodeTopologySpec) -> str:
     gpu_buses = {g.pci_bus_id for g in spec.gpus}
     for gpu in sorted(spec.gpus, key=lambda g: g.pci_bus_id):
         dev = pci.get(gpu.pci_bus_id)
-        pel = place(gpu.pci_bus_id, dev.class_code if dev else TCLASS_GPU, gpu.numa_node)
+        pel = place(gpu.pci_bus_id, dev.class_code if dev else (TCLASS_ACCEL if rccl else TCLASS_GPU), gpu.numa_node)
         attrs = {"dev": str(gpu.index)}
-        if gpu.compute_capability:
+        if rccl:
+            # RCCL reads `sm` as the compute-unit count (topo.cc ncclTopoAddGpu).
+            if gpu.compute_units:
+                attrs["sm"] = str(gpu.compute_units)
+            if gpu.gcn_arch:
+                attrs["gcn"] = gpu.gcn_arch
+        elif gpu.compute_capability:
             major, minor = gpu.compute_capability.split(".")
             attrs["sm"] = str(int(major) * 10 + int(minor))
-        # No `rank`: ranks belong to a communicator, and NCCL sets them itself for its local GPUs.
         gel = ET.SubElement(pel, "gpu", attrs)
         counts: dict[tuple[str, str], int] = {}
         for link in gpu.nvlinks:
             if link.state != "up":
                 continue
-            if link.remote_type == "nvswitch":
+            if link.remote_type == "nvswitch" and not rccl:
                 key = (link.remote_pci_bus_id or NVSWITCH_PLACEHOLDER, TCLASS_NVSWITCH)
             elif link.remote_pci_bus_id and (link.remote_type == "gpu" or link.remote_pci_bus_id in gpu_buses):
-                key = (link.remote_pci_bus_id, TCLASS_GPU)
+                key = (link.remote_pci_bus_id, TCLASS_ACCEL if rccl else TCLASS_GPU)
             else:
                 continue  # remote end unknown: NCCL could not use it either
             counts[key] = counts.get(key, 0) + 1
         for (target, tclass), count in sorted(counts.items()):
-            ET.SubElement(gel, "nvlink", target=target, count=str(count), tclass=tclass)
+            ET.SubElement(gel, "xgmi" if rccl else "nvlink", target=target, count=str(count), tclass=tclass)
 
     dev_index = 0
     for nic in sorted(spec.nics, key=lambda n: (n.pci_bus_id or "~", n.name)):
@@ -151,11 +192,8 @@ def write_nccl_xml(spec: NodeTopologySpec) -> str:
         if nic_el is None:
             nic_el = ET.SubElement(host, "nic")
         for port in nic.ports or []:
-            attrs = {"name": nic.name, "dev": str(dev_index), "speed": str(round(port.rate_gbps * 1000)),
-                     "port": str(port.port)}
-            if port.guid:
-                attrs["guid"] = port.guid
-            ET.SubElement(nic_el, "net", attrs)
+            ET.SubElement(nic_el, "net", {"name": nic.name, "dev": str(dev_index),
+                                          "speed": str(round(port.rate_gbps * 1000)), "port": str(port.port)})
             dev_index += 1
 
     ET.indent(system, space="  ")

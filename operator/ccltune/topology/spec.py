@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from ..api.common import Message, ShortText, WireModel
+from ..api.nodetopology import HostCpu
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 Latency = Annotated[float, Field(ge=0)]
@@ -109,6 +110,8 @@ class ClusterSpec(WireModel):
     pcie: Pcie = Pcie()
     nics: Nics = Nics()
     network: Network = Network()
+    # The servers' CPU as NCCL's topology file names it (arch, vendor, familyId, modelId).
+    cpu: HostCpu | None = None
     sources: dict[str, Message] = {}
 
     @property

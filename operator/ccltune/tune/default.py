@@ -31,6 +31,7 @@ from ..model.cost import (
     canonical_protocol,
     nccl_latency_us,
     nodes_class,
+    nvls_channels,
     tree_correction,
 )
 from .fabric import FabricFacts
@@ -160,6 +161,8 @@ def nccl_default_config(
             return DefaultChoice(picked, "model.nccl_default")
     nc0 = default_channels(facts)
     impl = min(impls, key=lambda i: (static_time_us(collective, size, i, facts, nc0), i))
+    if impl.algorithm in ("nvls", "nvls_tree"):
+        nc0 = nvls_channels(facts.arch, facts.nodes)  # NVLS has its own CTA count (model/cost.py)
     threads = LL128_THREADS if impl.protocol == "LL128" else DEFAULT_THREADS
     channels = nc0 if impl.algorithm != "p2p" else space.subspace(impl).values[0][0]
     if impl.algorithm != "p2p":

@@ -6,24 +6,26 @@ from NCCL_TUNER_CONFIG_FILE; lines starting with '#' are comments, byte bounds a
 parsed with strtoull, -1 in nNodes/nRanks/numPipeOps/regBuff matches anything, and the first
 matching row wins. The plugin sets one channel whenever a call matches no row or a row says -1,
 so every row carries an explicit channel count and each tuned (collective, nNodes, nRanks) is
-covered from 0 bytes to SIZE_MAX.
+covered from 0 bytes to SIZE_MAX. The file is kept correct for users of that plugin (the
+conformance kit runs it); jobs get ccltune's own plugin and its table (table.py), which leaves
+unmatched calls to NCCL.
 
-NCCL_ALGO / NCCL_PROTO: since NCCL 2.24 both take per-collective lists
-(`allreduce:tree,ring;allgather:ring`); 2.24 also stopped falling back to ring when a list leaves a
-collective without a usable algorithm, so every list ends with ring (and Simple), which run every
-collective. Older releases get one global list: the union of the choices plus ring/Simple, limited
-to the algorithms that release knows.
+nccl.conf carries only what NCCL reads once per process. Never NCCL_ALGO / NCCL_PROTO: they bind
+every communicator of the job (a DP-tuned `allreduce:nvlstree,tree,ring` takes NVLS from an 8-GPU
+TP group), NCCL before 2.24.3 (msccl-executor-nccl's 2.23.4) has no per-collective syntax, and
+naming LL128 forces it on past NCCL's platform check (NCCL env docs, NCCL_PROTO). Per-call choices
+go into the tuner table instead (docs/runtimes.md).
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..api.common import Collective
 from ..api.plan import TaskKey
-from .space import MIN_VERSION, NCCL_ALGO_NAME, Config
+from .space import Config
 
 SIZE_MAX = (1 << 64) - 1
 TUNER_HEADER = "collective,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,numPipeOps,regBuff"
@@ -141,44 +143,28 @@ def render_tuner_csv(rows: Sequence[TunerRow], header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _ordered(counter: Counter[str], last: str) -> list[str]:
-    names = [n for n, _ in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))]
-    if last not in names:
-        names.append(last)
-    return names
+# NCCL settings that bind every communicator of the process to one per-call choice.
+PER_CALL_KEYS = frozenset({"NCCL_ALGO", "NCCL_PROTO"})
 
 
-def algo_proto_env(choices: Iterable[tuple[TaskKey, Config]], version: tuple[int, int]) -> dict[str, str]:
-    """NCCL_ALGO / NCCL_PROTO restricting each collective to what tuning chose (plus ring/Simple)."""
-    algos: dict[str, Counter[str]] = defaultdict(Counter)
-    protos: dict[str, Counter[str]] = defaultdict(Counter)
-    for key, config in choices:
-        coll = _TUNER_COLLECTIVES.get(Collective(key.collective))
-        if coll is None:
-            continue
-        algos[coll][config.impl.algorithm] += 1
-        protos[coll][config.impl.protocol] += 1
-    if not algos:
-        return {}
-    if version >= (2, 24):
-        algo = ";".join(f"{c}:{','.join(NCCL_ALGO_NAME[a] for a in _ordered(algos[c], 'ring'))}" for c in sorted(algos))
-        proto = ";".join(f"{c}:{','.join(_ordered(protos[c], 'Simple'))}" for c in sorted(protos))
-        return {"NCCL_ALGO": algo, "NCCL_PROTO": proto}
-    all_algos: Counter[str] = Counter()
-    all_protos: Counter[str] = Counter()
-    for c in algos:
-        all_algos.update(algos[c])
-        all_protos.update(protos[c])
-    known = Counter({a: n for a, n in all_algos.items() if version >= MIN_VERSION[a]})
-    return {
-        "NCCL_ALGO": ",".join(NCCL_ALGO_NAME[a] for a in _ordered(known, "ring")),
-        "NCCL_PROTO": ",".join(_ordered(all_protos, "Simple")),
-    }
+def check_process_wide(env: dict[str, str]) -> dict[str, str]:
+    """`env`, refusing per-call restrictions in process-wide settings (a bug in ccltune, never
+    the user's: exit 3)."""
+    bad = sorted(PER_CALL_KEYS & env.keys())
+    if bad:
+        raise AssertionError(f"nccl.conf must not set {', '.join(bad)}: per-call choices belong "
+                             "in the tuner table")
+    forcing = [k for k, v in env.items() if "LL128" in v.upper()]
+    if forcing:
+        raise AssertionError(f"nccl.conf must not name LL128 ({', '.join(sorted(forcing))}): "
+                             "that forces it past NCCL's platform check")
+    return env
 
 
 def render_nccl_conf(env: dict[str, str], header: str = "") -> str:
     """KEY=VALUE lines for NCCL_CONF_FILE (process environment still overrides them)."""
     lines = [f"# {h}" for h in header.splitlines() if h.strip()]
+    check_process_wide(env)
     for k in sorted(env):
         value = env[k]
         if "\n" in value or "=" in k:
@@ -188,10 +174,11 @@ def render_nccl_conf(env: dict[str, str], header: str = "") -> str:
 
 
 __all__ = [
+    "PER_CALL_KEYS",
     "SIZE_MAX",
     "TUNER_HEADER",
     "TunerRow",
-    "algo_proto_env",
+    "check_process_wide",
     "merge_rows",
     "render_nccl_conf",
     "render_tuner_csv",

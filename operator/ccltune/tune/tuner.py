@@ -7,9 +7,13 @@ Per task key (one size bucket of one collective on one communicator shape):
    static model as the prior (default.nccl_prior);
 4. synthesized schedules (MSCCL), when given, compete with the tuned NCCL configuration.
 Then the knobs NCCL only takes per process (threads, buffer size, transport) are reconciled: every
-combination the tasks' winners asked for (plus NCCL's defaults) is measured on every task with that
-task's per-call choices (algorithm, protocol, channels) and the one with the best geometric-mean
-time wins; a task that ends up slower than NCCL's default keeps NCCL's default per-call choice.
+combination the tasks' winners asked for (plus NCCL's defaults) is measured on every task, each
+task running the better of its tuned per-call choice and NCCL's own choice under those knobs. Only
+combinations under which no task is slower than NCCL's default (same profiler, same repetitions)
+are eligible; among them the best geometric-mean time wins. NCCL's defaults are always eligible;
+when they win over a faster-on-average combination, the tasks that combination would slow down
+are named in the notes. Per-call choices go into the tuner table (table.py) for ccltune's plugin;
+a task that keeps NCCL's own choice gets no row.
 Reported times are re-measured with `verify_reps` repetitions under the deployed settings.
 """
 
@@ -33,7 +37,7 @@ from .default import (
     nearest_replayed,
     shrink_resources,
 )
-from .emit import algo_proto_env, render_nccl_conf, render_tuner_csv, tuner_rows
+from .emit import render_nccl_conf, render_tuner_csv, tuner_rows
 from .fabric import FabricFacts, facts_for
 from .keys import bucket_keys, check_keys
 from .profilers.base import Measurement, Profiler, ProfilerError, stable_seed
@@ -53,6 +57,7 @@ from .space import (
     check_config,
     parse_version,
 )
+from .table import TABLE_FILE, nvls_channels, render_table, table_rows
 
 TUNER_FILE = "nccl_tuner.conf"
 NCCL_CONF_FILE = "nccl.conf"
@@ -85,6 +90,8 @@ class TaskOutcome:
     synthesized: SynthCandidate | None = None
     notes: list[str] = field(default_factory=list)
     parent: TaskKey | None = None  # the caller's key this bucket was cut from
+    kept_default: bool = False  # NCCL's own per-call choice runs (no tuner row)
+    table_row: int | None = None  # the tuner-table row realizing `deployed`
 
     @property
     def trials(self) -> int:
@@ -106,7 +113,8 @@ class TaskOutcome:
         )
 
     def default_choice(self) -> Choice:
-        return _choice(self.default) if self.default else Choice(kind="nccl")
+        c = _choice(self.default) if self.default else Choice(kind="nccl")
+        return c.model_copy(update={"realized_by": "NCCL default"})
 
     @property
     def default_busbw(self) -> float:
@@ -118,8 +126,11 @@ class TaskOutcome:
 
     def choice(self) -> Choice:
         if self.synthesized is not None:
-            return Choice(kind="msccl", algorithm=self.synthesized.name, msccl_file=self.synthesized.msccl_file)
-        return _choice(self.deployed)
+            return Choice(kind="msccl", algorithm=self.synthesized.name, msccl_file=self.synthesized.msccl_file,
+                          realized_by=self.synthesized.msccl_file)
+        by = ("NCCL default" if self.kept_default or self.deployed is None
+              else f"tuner row {self.table_row}" if self.table_row is not None else None)
+        return _choice(self.deployed).model_copy(update={"realized_by": by})
 
     def notes_text(self) -> list[str]:
         notes = list(self.notes)
@@ -308,23 +319,33 @@ def tune_tasks(
         outcomes.append(_tune_one(key, topo, prof, search, budget, seed, version, sharp, verify_reps, subs))
         outcomes[-1][0].parent = parents[i]
     say("reconciling process-wide knobs", len(buckets), len(buckets))
-    g = _reconcile(outcomes, prof, verify_reps, notes)
+    runs = _Runs(prof, verify_reps, outcomes[0][1].arch)
+    g = _reconcile(outcomes, runs, notes)
     for outcome, _facts, _space in outcomes:
-        _finish(outcome, prof, g, verify_reps, synthesized)
+        _finish(outcome, runs, g, synthesized)
     for outcome, facts, _ in outcomes:
         if outcome.deployed is not None:
             check_config(Collective(outcome.key.collective), outcome.deployed, facts, version)
     choices = [(o.key, o.deployed) for o, _, _ in outcomes if o.deployed is not None]
+    pinned = [(o.key, o.deployed) for o, _, _ in outcomes if o.deployed is not None and not o.kept_default]
+    fallbacks = {o.key.label(): fb for o, facts, space in outcomes
+                 if (fb := _fallback(o, runs, g, space, facts, version)) is not None}  # fmt: skip
+    built = table_rows(pinned, outcomes[0][1].arch, fallbacks)
+    for o, _, _ in outcomes:
+        o.table_row = None if o.kept_default else built.row_of.get(o.key.label())
+    notes += built.notes
     rows, row_notes = tuner_rows(choices)
     notes += row_notes
-    env = algo_proto_env(choices, version)
+    env: dict[str, str] = {}  # per-call choices go in the tuner table, never NCCL_ALGO/PROTO
     env.update(_global_env(g, [o for o, _, _ in outcomes], [f for _, f, _ in outcomes]))
     header = (f"ccltune tune: {len(buckets)} task keys on {topo.name}, searcher {search.name}, "
               f"profiler {prof.name} ({prof.source}), budget {budget}/key, seed {seed}")
     files = {TUNER_FILE: render_tuner_csv(rows, header), NCCL_CONF_FILE: render_nccl_conf(env, header)}
+    if built.rows:  # no rows: nothing for the plugin to do, so it is not loaded at all
+        files[TABLE_FILE] = render_table(built.rows, nvls=built.nvls, comments=[header])
     if rows:
-        notes.append("NCCL's example tuner plugin gives 1 channel to calls no row matches: load "
-                     f"{TUNER_FILE} only in jobs whose communicators are the tuned shapes")
+        notes.append(f"{TUNER_FILE} is for NCCL's example tuner plugin, which gives 1 channel to calls no "
+                     f"row matches; ccltune's plugin reads {TABLE_FILE} and leaves such calls to NCCL")
     return TuningResult([o for o, _, _ in outcomes], env, files, notes, prof.source, search.name,
                         prof.name, budget, seed)
 
@@ -387,46 +408,101 @@ def communicator_topology(topo: ClusterTopology, key: TaskKey) -> ClusterTopolog
         return None
 
 
-def _reconcile(
-    outcomes: list[tuple[TaskOutcome, FabricFacts, TaskSpace]], prof: Profiler, reps: int, notes: list[str]
-) -> tuple[str, int, int]:
-    """Pick one (transport, threads, buffsize) for the process: best geometric-mean time."""
-    wanted: Counter[tuple[str, int | None, int | None]] = Counter()
-    for o, _, _ in outcomes:
-        if o.deployed is not None and o.searched is not None:
-            wanted[_globals_of(o.deployed)] += 1
-    base = ("p2p", DEFAULT_THREADS, DEFAULT_BUFFSIZE)
+Knobs = tuple[str, int, int]  # (transport, NCCL_NTHREADS, NCCL_BUFFSIZE)
+BASE: Knobs = ("p2p", DEFAULT_THREADS, DEFAULT_BUFFSIZE)
+
+
+class _Runs:
+    """Measurements under candidate process-wide knobs, each (task, config) measured once."""
+
+    def __init__(self, prof: Profiler, reps: int, arch: str) -> None:
+        self.prof, self.reps, self.arch = prof, reps, arch
+        self._seen: dict[tuple[str, Config], Measurement] = {}
+
+    def measure(self, o: TaskOutcome, cfg: Config) -> Measurement:
+        if o.default is not None and cfg == o.default:
+            return o.default_measure  # the same run as NCCL's default: one number for both
+        key = (o.key.label(), cfg)
+        if key not in self._seen:
+            self._seen[key] = self.prof.measure(o.key, o.size, cfg, self.reps)
+        return self._seen[key]
+
+    def best(self, o: TaskOutcome, space: TaskSpace | None, g: Knobs) -> tuple[Config | None, Measurement, bool] | None:
+        """The task's faster run under knobs g: its tuned per-call choice, or NCCL's own choice
+        (no tuner row; NCCL's default itself under NCCL's default knobs). None: neither measurable."""
+        assert o.deployed is not None
+        runs: list[tuple[Config | None, Measurement, bool]] = []
+        tuned = _as_nccl_builds(_apply(o.deployed, g), self.arch, o.key.nodes)
+        if space is None or _measurable(space, tuned, self.prof):
+            runs.append((tuned, self.measure(o, tuned), False))
+        if g == BASE:
+            runs.append((o.default, o.default_measure, True))
+        elif o.default is not None:
+            keep = _as_nccl_runs(o.default, g, o.size)
+            if space is None or _measurable(space, keep, self.prof):
+                runs.append((keep, self.measure(o, keep), True))
+        if not runs:
+            return None
+        return min(runs, key=lambda r: (r[1].time_us, not r[2]))  # a tie: NCCL's own run, no row
+
+
+def _as_nccl_builds(c: Config, arch: str, nodes: int) -> Config:
+    """NVLS channels cut to what NCCL builds on the GPU (table.nvls_channels), so the estimate is
+    for the run NCCL really does."""
+    cap = nvls_channels(arch, nodes)
+    if c.impl.algorithm in ("nvls", "nvls_tree") and cap is not None and c.channels > cap:
+        return Config(c.impl, cap, c.threads, c.buffsize)
+    return c
+
+
+def _reconcile(outcomes: list[tuple[TaskOutcome, FabricFacts, TaskSpace]], runs: _Runs, notes: list[str]) -> Knobs:
+    """One (transport, threads, buffsize) for the process: the best geometric mean among the
+    combinations under which no task is slower than NCCL's default."""
+    tuned = [(o, space) for o, _, space in outcomes if o.deployed is not None and o.searched is not None]
+    wanted: Counter[tuple[str, int | None, int | None]] = Counter(
+        _globals_of(o.deployed) for o, _ in tuned if o.deployed is not None)
     if not wanted:
-        return base
+        return BASE
     transports = {t for (t, _, _) in wanted} | {"p2p"}
     threads = {n for (_, n, _) in wanted if n is not None} | {DEFAULT_THREADS}
     buffs = {b for (_, _, b) in wanted if b is not None} | {DEFAULT_BUFFSIZE}
-    common = [t for t, _ in wanted.most_common(4)]
-    cands = {base}
-    for t, n, b in common:
+    cands = {BASE}
+    for t, n, b in (w for w, _ in wanted.most_common(4)):
         cands.add((t, n or DEFAULT_THREADS, b or DEFAULT_BUFFSIZE))
     if len(transports) * len(threads) * len(buffs) <= 8:
         cands |= {(t, n, b) for t in transports for n in threads for b in buffs}
-    scored = []
+    scored: list[tuple[float, Knobs, list[tuple[TaskOutcome, float]]]] = []
     for g in sorted(cands):
-        total, ok = 0.0, True
-        for o, _, space in outcomes:
-            if o.deployed is None or o.searched is None:
-                continue
-            cfg = _apply(o.deployed, g)
-            if not _measurable(space, cfg, prof):
+        total, losers, ok = 0.0, [], True
+        for o, space in tuned:
+            best = runs.best(o, space, g)
+            if best is None:
                 ok = False
                 break
-            total += math.log(prof.measure(o.key, o.size, cfg, reps).time_us)
+            total += math.log(best[1].time_us)
+            if best[1].time_us > o.default_measure.time_us:
+                losers.append((o, o.default_measure.time_us / best[1].time_us))
         if ok:
-            scored.append((total, g))
+            scored.append((total, g, losers))
     if not scored:
-        return base
-    best = min(scored)[1]
-    if len(cands) > 1:
-        notes.append(f"process-wide knobs: transport {best[0]}, NCCL_NTHREADS {best[1]}, NCCL_BUFFSIZE "
-                     f"{best[2]} (best geometric mean over {len(scored)} candidates)")
-    return best
+        return BASE
+    chosen = min((t, g) for t, g, losers in scored if not losers)[1] if any(not x[2] for x in scored) else BASE
+    _total, top, top_losers = min(scored, key=lambda x: (x[0], x[1]))
+    if top != chosen:
+        lost = ", ".join(f"{o.key.label()} {r:.4f}x" for o, r in top_losers)
+        notes.append(f"process-wide knobs: {_knobs_text(top)} has the best geometric mean but would run "
+                     f"{lost} of NCCL's default; {_knobs_text(chosen)} is published instead")
+        for o, r in top_losers:
+            o.notes.append(f"process-wide knobs left at {_knobs_text(chosen)}: {_knobs_text(top)} "
+                           f"would run this at {r:.4f}x of NCCL's default")
+    elif len(cands) > 1:
+        notes.append(f"process-wide knobs: {_knobs_text(chosen)} (best geometric mean over {len(scored)} "
+                     "candidates, no task slower than NCCL's default)")
+    return chosen
+
+
+def _knobs_text(g: Knobs) -> str:
+    return f"transport {g[0]}, NCCL_NTHREADS {g[1]}, NCCL_BUFFSIZE {g[2]}"
 
 
 def _measurable(space: TaskSpace, cfg: Config, prof: Profiler) -> bool:
@@ -449,21 +525,15 @@ def _as_nccl_runs(default: Config, g: tuple[str, int, int], size: int) -> Config
     return Config(Impl(default.impl.algorithm, proto, transport), nc, nt, buff if proto == "Simple" else default.buffsize)
 
 
-def _finish(outcome: TaskOutcome, prof: Profiler, g: tuple[str, int, int], reps: int,
-            synthesized: SynthSource | None) -> None:
-    o = outcome
+def _finish(outcome: TaskOutcome, runs: _Runs, g: Knobs, synthesized: SynthSource | None) -> None:
+    o, prof = outcome, runs.prof
     if o.searched is not None and o.deployed is not None:
-        tuned = _apply(o.deployed, g)
-        # The same configuration as NCCL's default is the same run: report one number for both.
-        m = o.default_measure if tuned == o.default else prof.measure(o.key, o.size, tuned, reps)
-        o.deployed, o.chosen_measure = tuned, m
-        if o.default is not None and m.time_us > o.default_measure.time_us:
-            keep = _as_nccl_runs(o.default, g, o.size)
-            if keep != tuned:
-                km = prof.measure(o.key, o.size, keep, reps)
-                if km.time_us < m.time_us:
-                    o.deployed, o.chosen_measure = keep, km
-                    o.notes.append("tuned settings lost under the process-wide knobs: NCCL's choice kept")
+        best = runs.best(o, None, g)
+        assert best is not None
+        cfg, m, kept = best
+        if kept and o.deployed != o.default:
+            o.notes.append("tuned settings lost under the process-wide knobs: NCCL's choice kept")
+        o.deployed, o.chosen_measure, o.kept_default = cfg, m, kept
     cands: list[SynthCandidate] = []
     replay_synth = getattr(prof, "synthesized_measures", None)
     if replay_synth is not None:
@@ -475,6 +545,33 @@ def _finish(outcome: TaskOutcome, prof: Profiler, g: tuple[str, int, int], reps:
             o.synthesized, o.chosen_measure = cand, cand.measurement
     if o.deployed is None and o.default is None:
         o.notes.append("NCCL keeps its own choice here (no configuration known to pin)")
+
+
+_MAY_BE_REFUSED = ("nvls", "nvls_tree", "collnet_direct", "collnet_chain")
+
+
+def _fallback(o: TaskOutcome, runs: _Runs, g: Knobs, space: TaskSpace, facts: FabricFacts,
+              version: tuple[int, int]) -> Config | None:  # fmt: skip
+    """For a pinned choice NCCL may refuse at a call (NVLS: data type or driver; CollNet: SHARP),
+    the best searched ring/tree configuration, if it is no slower than NCCL's default either."""
+    if o.kept_default or o.deployed is None or o.searched is None or o.deployed.impl.algorithm not in _MAY_BE_REFUSED:
+        return None
+    trials = [t for t in o.searched.trials if t.config.impl.algorithm in ("ring", "tree") and not t.pruned]
+    if not trials:
+        return None
+    cfg = _apply(min(trials, key=lambda t: (t.value, t.config)).config, g)
+    try:
+        check_config(Collective(o.key.collective), cfg, facts, version)
+    except ValueError:
+        return None
+    if not _measurable(space, cfg, runs.prof):
+        return None
+    m = runs.measure(o, cfg)
+    if m.time_us > o.default_measure.time_us:
+        return None
+    o.notes.append(f"fallback row when NCCL does not offer {o.deployed.impl.algorithm}: {cfg.label()}, "
+                   f"{o.default_measure.time_us / m.time_us:.2f}x of NCCL's default ({m.source})")
+    return cfg
 
 
 def _global_env(g: tuple[str, int, int], outcomes: list[TaskOutcome], facts: list[FabricFacts]) -> dict[str, str]:

@@ -5,6 +5,9 @@ Output format (nccl-tests README / src/common.cu): one row per size with
 printed by newer releases only. Comment lines start with '#'; NCCL's own log lines
 (`host:pid:tid [dev] NCCL INFO ...`) may be interleaved when NCCL_DEBUG is set. A line such as
 `NCCL:` or `MSCCL:` names the section that follows (our convention for side-by-side logs).
+Real multi-node logs also carry banner lines without '#' (`NCCL version 2.26.2+cuda12.8`; rccl-tests:
+`rccl-tests: Version ...`, `RCCL version : ...`, `Hostname : ...`), launcher warnings (`Warning: ...`)
+and, under `mpirun --tag-output`, a `[job,rank]<stdout>:` prefix on every line: all are skipped.
 Options used (nccl-tests README): -b/-e min/max bytes, -f step factor, -g GPUs per process,
 -n iterations, -w warm-up iterations, -c 0 (no correctness check), -d data type, -o reduction op.
 """
@@ -27,6 +30,12 @@ BINARIES = {
 _REDUCING = {Collective.ALLREDUCE, Collective.REDUCESCATTER}
 _SECTION = re.compile(r"^\s*([A-Za-z][\w .+-]{0,62}):\s*$")
 _NCCL_LOG = re.compile(r"\bNCCL (INFO|WARN|TRACE|ABORT)\b")
+_BANNER = re.compile(
+    r"^(?:(?:NCCL|RCCL|HIP|ROCm) version\b|rccl-tests:|nccl-tests version|Hostname\s*:|Librccl path\s*:"
+    r"|Warning:)",
+    re.IGNORECASE,
+)
+_MPI_TAG = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +79,8 @@ def parse_log(text: str, name: str = "<stdout>") -> NcclTestsLog:
     log = NcclTestsLog(name)
     section = ""
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#") or _NCCL_LOG.search(line):
+        line = _MPI_TAG.sub("", raw.strip(), count=1).strip()
+        if not line or line.startswith("#") or _NCCL_LOG.search(line) or _BANNER.match(line):
             continue
         m = _SECTION.match(line)
         if m:

@@ -1,0 +1,332 @@
+"""Read MSCCL algorithm XML (msccl-executor-nccl, RCCL, msccl-tools) into the schedule IR.
+
+The file is read as the executors read it (msccl_parser.cc: every attribute they require, step
+positions as step numbers) and then run as they run it (msccl_exec.py: FIFO connections,
+dependency flags), so a deadlock is reported only when the threadblocks really block each other.
+The data movement is then replayed chunk slot by chunk slot and proven (msccl_replay.py), out of
+place and in place as the file claims.
+
+The result is a Schedule whose transfers are the file's sends (one per run of consecutive
+chunks), timed by what the executor waits for: a transfer starts after the receives that precede
+its send and its receive, never after the sends before it (a send only fills a FIFO slot).
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+
+from ..api.common import Collective
+from .check import ScheduleError, topological_order
+from .ir import Schedule, Transfer
+from .msccl import PROTOCOLS, MscclFormatError, _Layout
+from .msccl_exec import (
+    READS_SRC,
+    RECV_TYPES,
+    SEND_TYPES,
+    WRITES_DST,
+    Program,
+    XStep,
+    execute,
+    slots_per_step,
+)
+from .msccl_limits import MAX_COUNT
+from .msccl_replay import Reach, Value, prove
+
+# Attributes msccl_parser.cc reads with mscclXmlGetAttr* (a missing one fails the load); others
+# (TACCL's redop, comments) are ignored as the parser ignores them.
+ALGO_ATTRS = (
+    "name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace",
+    "minBytes", "maxBytes",
+)  # fmt: skip
+GPU_SIZES = ("i_chunks", "o_chunks", "s_chunks")
+STEP_TYPES = SEND_TYPES | RECV_TYPES | {"cpy", "re", "nop"}
+_COLLS = {c.value: c for c in Collective}
+
+
+def from_msccl_xml(text: str) -> Schedule:
+    """Read, run and prove an MSCCL algorithm; return it as a Schedule (MscclFormatError if not)."""
+    attrs, sizes, tbs = _parse(text)
+    proto = attrs["proto"]
+    coll = _COLLS[attrs["coll"]]
+    n = len(tbs)
+    prog = Program.wire(tbs)
+    order = execute(
+        prog, slots_per_step(proto, int(attrs["maxBytes"]), int(attrs["nchunksperloop"]))
+    )
+    c = _chunks_per_rank(coll, n, sizes, attrs)
+    root = _broadcast_root(prog) if coll == Collective.BROADCAST else 0
+    lay = _Layout(coll, n, c, root)
+    preds = prog.preds()
+    pos = {x.uid: i for i, x in enumerate(order)}
+    before = Reach(preds, pos).before
+    sent: dict[int, list[Value]] = {}
+    combined: set[int] = set()
+    for inplace, claim in ((False, "outofplace"), (True, "inplace")):
+        if int(attrs[claim]):
+            sent, combined = prove(prog, order, before, lay, inplace)
+    transfers = _transfers(prog, order, preds, before, sent, combined)
+    return Schedule(
+        name=attrs["name"],
+        collective=coll,
+        nranks=n,
+        chunks_per_rank=c,
+        transfers=transfers,
+        root=root,
+        protocol=proto,
+        channels=int(attrs["nchannels"]),
+    )
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _int(elem: ET.Element, attr: str, where: str, lo: int | None = None) -> int:
+    raw = elem.get(attr)
+    if raw is None:
+        raise MscclFormatError(f"{where}: missing attribute {attr!r}")
+    try:
+        val = int(raw)
+    except ValueError:
+        raise MscclFormatError(f"{where}: attribute {attr}={raw!r} is not an integer") from None
+    if lo is not None and val < lo:
+        raise MscclFormatError(f"{where}: attribute {attr}={val} must be >= {lo}")
+    return val
+
+
+def _str(elem: ET.Element, attr: str, where: str, allowed: tuple[str, ...] | frozenset[str]) -> str:
+    raw = elem.get(attr)
+    if raw is None:
+        raise MscclFormatError(f"{where}: missing attribute {attr!r}")
+    if raw not in allowed:
+        raise MscclFormatError(
+            f"{where}: {attr}={raw!r} is not one of {', '.join(sorted(allowed))}"
+        )
+    return raw
+
+
+def _parse(text: str) -> tuple[dict[str, str], list[dict[str, int]], list[list[list[XStep]]]]:
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise MscclFormatError(f"not well-formed XML: {exc}") from None
+    if root.tag != "algo":
+        raise MscclFormatError(f"root element is <{root.tag}>, expected <algo>")
+    for a in ALGO_ATTRS:
+        if a not in root.attrib:
+            raise MscclFormatError(f"<algo>: missing attribute {a!r} (the executor requires it)")
+    attrs = dict(root.attrib)
+    ngpus = _int(root, "ngpus", "<algo>", 1)
+    nch = _int(root, "nchannels", "<algo>", 1)
+    _int(root, "nchunksperloop", "<algo>", 1)
+    _int(root, "minBytes", "<algo>", 0)
+    _int(root, "maxBytes", "<algo>", 0)
+    claims = [_int(root, a, "<algo>", 0) for a in ("inplace", "outofplace")]
+    _str(root, "proto", "<algo>", PROTOCOLS)
+    if attrs["coll"] not in _COLLS:
+        raise MscclFormatError(
+            f"<algo>: coll={attrs['coll']!r} is not supported (use {', '.join(_COLLS)})"
+        )
+    if not any(claims):
+        raise MscclFormatError("<algo>: inplace=0 and outofplace=0: the algorithm never runs")
+    gpus: dict[int, tuple[dict[str, int], list[list[XStep]]]] = {}
+    for g_el in root:
+        if g_el.tag != "gpu":
+            raise MscclFormatError(f"<algo> contains <{g_el.tag}>, expected <gpu>")
+        gid = _int(g_el, "id", "<gpu>", 0)
+        where = f"<gpu id={gid}>"
+        if gid >= ngpus or gid in gpus:
+            raise MscclFormatError(f"{where}: id is duplicated or not below ngpus={ngpus}")
+        sizes = {a: _int(g_el, a, where, 0) for a in GPU_SIZES}
+        tbs: dict[int, list[XStep]] = {}
+        for tb_el in g_el:
+            if tb_el.tag != "tb":
+                raise MscclFormatError(f"{where} contains <{tb_el.tag}>, expected <tb>")
+            tid = _int(tb_el, "id", f"{where} <tb>", 0)
+            if tid in tbs:
+                raise MscclFormatError(f"gpu {gid} tb {tid}: duplicate threadblock id")
+            tbs[tid] = _threadblock(tb_el, gid, tid, ngpus, nch, sizes)
+        if sorted(tbs) != list(range(len(tbs))):
+            raise MscclFormatError(
+                f"{where}: threadblock ids must be 0..{len(tbs) - 1} without gaps"
+            )
+        gpus[gid] = (sizes, [tbs[i] for i in range(len(tbs))])
+    missing = sorted(set(range(ngpus)) - set(gpus))
+    if missing:
+        raise MscclFormatError(f"<algo>: ngpus={ngpus} but no <gpu id={missing[0]}>")
+    return attrs, [gpus[g][0] for g in range(ngpus)], [gpus[g][1] for g in range(ngpus)]
+
+
+def _threadblock(
+    tb_el: ET.Element, gid: int, tid: int, ngpus: int, nch: int, sizes: dict[str, int]
+) -> list[XStep]:
+    tw = f"gpu {gid} tb {tid}"
+    send = _int(tb_el, "send", tw, -1)
+    recv = _int(tb_el, "recv", tw, -1)
+    chan = _int(tb_el, "chan", tw, 0)
+    if gid in (send, recv) or send >= ngpus or recv >= ngpus:
+        raise MscclFormatError(f"{tw}: peers send={send} recv={recv} invalid for gpu {gid}")
+    if chan >= nch:
+        raise MscclFormatError(f"{tw}: chan={chan} is not below nchannels={nch}")
+    out: list[XStep] = []
+    carried = False  # nops carrying dependencies wait for the next real step
+    for i, st_el in enumerate(tb_el):
+        sw = f"{tw} step {i}"
+        if st_el.tag != "step":
+            raise MscclFormatError(f"{tw} contains <{st_el.tag}>, expected <step>")
+        # the executor numbers steps by position (dependency flags count nops too)
+        if _int(st_el, "s", sw, 0) != i:
+            raise MscclFormatError(f"{sw}: s={st_el.get('s')} does not match its position {i}")
+        typ = _str(st_el, "type", sw, STEP_TYPES)
+        x = XStep(
+            gid, tid, i, typ,
+            _str(st_el, "srcbuf", sw, ("i", "o", "s")), _int(st_el, "srcoff", sw, -1),
+            _str(st_el, "dstbuf", sw, ("i", "o", "s")), _int(st_el, "dstoff", sw, -1),
+            _int(st_el, "cnt", sw, 0), _int(st_el, "depid", sw, -1),
+            _int(st_el, "deps", sw, -1), _int(st_el, "hasdep", sw, 0), chan, send, recv,
+        )  # fmt: skip
+        if x.hasdep > 1:
+            raise MscclFormatError(f"{sw}: hasdep={x.hasdep} must be 0 or 1")
+        if typ in SEND_TYPES and send < 0:
+            raise MscclFormatError(f"{sw}: type {typ!r} sends but the tb has send=-1")
+        if typ in RECV_TYPES and recv < 0:
+            raise MscclFormatError(f"{sw}: type {typ!r} receives but the tb has recv=-1")
+        if typ == "nop":
+            carried |= x.depid >= 0
+        else:
+            if not 1 <= x.cnt <= MAX_COUNT:
+                raise MscclFormatError(f"{sw}: cnt={x.cnt} must be in 1..{MAX_COUNT}")
+            chained = typ == "re" and bool(out) and _continues_reduction(out[-1], x)
+            if carried and x.depid < 0 and not chained:
+                # msccl_parser.cc: "the last reduction must be a part of the first immediate
+                # instruction" - the executor refuses the file
+                raise MscclFormatError(
+                    f"{sw}: follows nops that carry dependencies but has depid=-1 itself"
+                )
+            carried = False
+            _bounds(x, sizes)
+        out.append(x)
+    if carried:  # msccl_parser.cc drops nops that no real step follows, with their dependencies
+        for x in reversed(out):
+            if x.type != "nop":
+                break
+            x.depid = x.deps = -1
+    return out
+
+
+def _continues_reduction(prev: XStep, x: XStep) -> bool:
+    """msccl_parser.cc fuses a re into the previous one on the same destination."""
+    return (
+        prev.type == "re"
+        and not prev.hasdep
+        and (prev.dstbuf, prev.dstoff, prev.srcbuf) == (x.dstbuf, x.dstoff, x.srcbuf)
+        and x.depid < 0
+    )
+
+
+def _bounds(x: XStep, sizes: dict[str, int]) -> None:
+    cap = {"i": sizes["i_chunks"], "o": sizes["o_chunks"], "s": sizes["s_chunks"]}
+    for used, buf, off, what in (
+        (x.type in READS_SRC, x.srcbuf, x.srcoff, "src"),
+        (x.type in WRITES_DST, x.dstbuf, x.dstoff, "dst"),
+    ):
+        if used and not (off >= 0 and off + x.cnt <= cap[buf]):
+            raise MscclFormatError(
+                f"{x.where}: {what} {buf}[{off}..{off + x.cnt - 1}] outside the {cap[buf]}-chunk "
+                f"'{buf}' buffer of gpu {x.gpu}"
+            )
+
+
+def _chunks_per_rank(
+    coll: Collective, n: int, sizes: list[dict[str, int]], attrs: dict[str, str]
+) -> int:
+    out = max(s["o_chunks"] for s in sizes)
+    inplace, outofplace = int(attrs["inplace"]), int(attrs["outofplace"])
+    if out == 0 and inplace and coll in (Collective.ALLREDUCE, Collective.BROADCAST):
+        out = max(s["i_chunks"] for s in sizes)  # msccl-tools in place: all in the input
+        if outofplace:
+            raise MscclFormatError("<algo>: outofplace=1 but no gpu has an output buffer")
+    per = n if coll in (Collective.ALLGATHER, Collective.ALLTOALL) else 1
+    if out < per or out % per:
+        raise MscclFormatError(f"<algo>: o_chunks={out} does not fit a {coll} on {n} gpus")
+    return out // per
+
+
+def _broadcast_root(prog: Program) -> int:
+    roots = {x.gpu for x in prog.steps if x.type == "s" and x.srcbuf == "i"}
+    if len(roots) > 1:
+        raise MscclFormatError(f"broadcast reads the input of several gpus {sorted(roots)}")
+    return roots.pop() if roots else 0
+
+
+# ---------------------------------------------------------------- schedule
+
+
+def _transfers(
+    prog: Program,
+    order: list[XStep],
+    preds: list[list[XStep]],
+    before: Callable[[int, int], bool],
+    sent: dict[int, list[Value]],
+    combined: set[int],
+) -> list[Transfer]:
+    """One transfer per run of consecutive chunks of each send, in completion order.
+
+    Dependencies are the nearest receives before the send or before its receive (what the
+    executor really waits for). The nearest earlier sends are added too where that cannot
+    contradict the execution (their receive is not after this send), because the IR reads a
+    transfer's data until it finishes and a later overwrite must wait for it.
+    """
+    ids: dict[int, list[int]] = {}
+    raw: list[tuple[XStep, int, int, bool]] = []
+    for x in order:
+        if x.type in SEND_TYPES:
+            rx = prog.receiver_of[x.uid]
+            ids[x.uid] = []
+            for first, cnt in _consecutive([k for k, _ in sent[x.uid]]):
+                ids[x.uid].append(len(raw))
+                raw.append((x, sent[x.uid][first][0], cnt, rx.uid in combined))
+    # per step: the nearest transfers received / sent before it (not counting itself) ...
+    got_before: dict[int, frozenset[int]] = {}
+    sent_before: dict[int, frozenset[int]] = {}
+    # ... and at or before it
+    got: dict[int, frozenset[int]] = {}
+    put: dict[int, frozenset[int]] = {}
+    for x in order:
+        inner = [p for p in preds[x.uid] if p is not prog.sender_of.get(x.uid)]
+        got_before[x.uid] = frozenset().union(*(got[p.uid] for p in inner))
+        sent_before[x.uid] = frozenset().union(*(put[p.uid] for p in inner))
+        recv = x.type in RECV_TYPES
+        got[x.uid] = frozenset(ids[prog.sender_of[x.uid].uid]) if recv else got_before[x.uid]
+        put[x.uid] = frozenset(ids[x.uid]) if x.type in SEND_TYPES else sent_before[x.uid]
+    deps: list[set[int]] = []
+    war: list[set[int]] = []
+    for x, _, _, _ in raw:
+        rx = prog.receiver_of[x.uid]
+        # a fused step (rcs, rrs, rrcs) forwards what it receives: its own receive comes first
+        deps.append(set(got[x.uid] | got_before[rx.uid]))
+        earlier = sent_before[x.uid] | sent_before[rx.uid]
+        war.append({t for t in earlier if not before(x.uid, prog.receiver_of[raw[t][0].uid].uid)})
+    out = [
+        Transfer(x.gpu, x.send, k, cnt, red, tuple(sorted((deps[i] | war[i]) - {i})), x.chan)
+        for i, (x, k, cnt, red) in enumerate(raw)
+    ]
+    try:  # only the dependency graph matters to topological_order
+        topological_order(Schedule("probe", Collective.ALLGATHER, 1, 1, out))
+    except ScheduleError:  # the write-after-read orderings closed a cycle: keep only the real ones
+        out = [
+            Transfer(x.gpu, x.send, k, cnt, red, tuple(sorted(deps[i] - {i})), x.chan)
+            for i, (x, k, cnt, red) in enumerate(raw)
+        ]
+    return out
+
+
+def _consecutive(chunks: list[int]) -> Iterator[tuple[int, int]]:
+    start = 0
+    for i in range(1, len(chunks) + 1):
+        if i == len(chunks) or chunks[i] != chunks[i - 1] + 1:
+            yield start, i - start
+            start = i
+
+
+__all__ = ["MscclFormatError", "from_msccl_xml"]

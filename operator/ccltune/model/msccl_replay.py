@@ -1,0 +1,204 @@
+"""Prove an MSCCL program's data movement by replaying it chunk slot by chunk slot.
+
+Every input, output and scratch chunk slot of every GPU holds (chunk of the collective's chunk
+space, set of ranks summed into it). Steps run in an order the executor can run them in
+(msccl_exec.execute); a read must find data, a write must be ordered (happens-before: program
+order, dependency flags, a send before its receive) against every other read and write of its
+slot, reductions must combine the same chunk without counting a rank twice, and every output
+slot must end with its chunk of every rank the collective gives it. In place, the input is part
+of the output buffer as NCCL lays it out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..api.common import Collective
+from .msccl import MscclFormatError, _Layout
+from .msccl_exec import (
+    RECV_TYPES,
+    REDUCING_TYPES,
+    SEND_TYPES,
+    WRITES_DST,
+    Program,
+    XStep,
+)
+
+Value = tuple[int, int]  # (chunk of the collective's chunk space, bitset of ranks it holds)
+Slot = tuple[int, str, int]  # (gpu, buffer, chunk offset) after in-place aliasing
+
+
+class Reach:
+    """Does step a happen before step b? Backward search pruned by completion position."""
+
+    def __init__(self, preds: list[list[XStep]], pos: dict[int, int]) -> None:
+        self.preds, self.pos = preds, pos
+
+    def before(self, a: int, b: int) -> bool:
+        pa = self.pos[a]
+        if a == b or pa >= self.pos[b]:
+            return False
+        seen, stack = {b}, [b]
+        while stack:
+            for p in self.preds[stack.pop()]:
+                if p.uid == a:
+                    return True
+                if p.uid not in seen and self.pos[p.uid] > pa:
+                    seen.add(p.uid)
+                    stack.append(p.uid)
+        return False
+
+
+def _placer(lay: _Layout, inplace: bool) -> Callable[[int, str, int], Slot]:
+    """Where (gpu, buffer, offset) lives; in place the input is part of the output buffer
+    (NCCL: allgather's input at rank x count of the output, reducescatter's output at rank x
+    count of the input, the same buffer for the others)."""
+    coll, c = lay.coll, lay.c
+
+    def place(g: int, buf: str, off: int) -> Slot:
+        if inplace:
+            if coll == Collective.REDUCESCATTER and buf == "o":
+                return (g, "i", g * c + off)
+            if coll == Collective.ALLGATHER and buf == "i":
+                return (g, "o", g * c + off)
+            if coll != Collective.REDUCESCATTER and buf == "i":
+                return (g, "o", off)
+        return (g, buf, off)
+
+    return place
+
+
+def prove(
+    prog: Program,
+    order: list[XStep],
+    before: Callable[[int, int], bool],
+    lay: _Layout,
+    inplace: bool,
+) -> tuple[dict[int, list[Value]], set[int]]:
+    """Replay the data movement in `order` and prove it (MscclFormatError naming the step if
+    not); return what each send carries and the receives whose data gets combined with
+    another contribution (a reduction) rather than stored."""
+    mode = "in place" if inplace else "out of place"
+    place = _placer(lay, inplace)
+    n, coll = lay.n, lay.coll
+    reducing = coll in (Collective.ALLREDUCE, Collective.REDUCESCATTER)
+    state: dict[Slot, Value] = {}
+    writer: dict[Slot, int] = {}
+    readers: dict[Slot, list[int]] = {}
+    arrived: dict[Slot, int] = {}  # slot -> the receive step that stored plain data there
+    for g in range(n):
+        for off in range(lay.i_chunks):
+            k = lay.input_chunk(g, off)
+            if k is not None:
+                state[place(g, "i", off)] = (k, 1 << g)
+
+    def read(x: XStep, buf: str, off: int) -> list[Value]:
+        out = []
+        for j in range(x.cnt):
+            key = place(x.gpu, buf, off + j)
+            w = writer.get(key)
+            if w is not None and w != x.uid and not before(w, x.uid):
+                raise MscclFormatError(
+                    f"race ({mode}): {x.where} reads {buf}[{off + j}] while "
+                    f"{prog.steps[w].where} may still be writing it"
+                )
+            if key not in state:
+                raise MscclFormatError(
+                    f"{x.where}: reads {buf}[{off + j}], which holds no data yet ({mode})"
+                )
+            readers.setdefault(key, []).append(x.uid)
+            out.append(state[key])
+        return out
+
+    def write(x: XStep, vals: list[Value]) -> None:
+        for j, v in enumerate(vals):
+            key = place(x.gpu, x.dstbuf, x.dstoff + j)
+            for other in [writer.get(key), *readers.get(key, ())]:
+                if other is not None and other != x.uid and not before(other, x.uid):
+                    raise MscclFormatError(
+                        f"race ({mode}): {x.where} writes {x.dstbuf}[{x.dstoff + j}] while "
+                        f"{prog.steps[other].where} may still be using it"
+                    )
+            state[key], writer[key], readers[key] = v, x.uid, []
+            arrived.pop(key, None)
+
+    combined: set[int] = set()
+
+    def combine(x: XStep, a: list[Value], b: list[Value], b_slots: list[Slot]) -> list[Value]:
+        out = []
+        for (ka, ba), (kb, bb), key in zip(a, b, b_slots, strict=True):
+            if not reducing:
+                raise MscclFormatError(f"{x.where}: reduces in a {coll}, which has no reduction")
+            if ka != kb:
+                raise MscclFormatError(f"{x.where}: reduces chunk {ka} with chunk {kb} ({mode})")
+            if ba & bb:
+                raise MscclFormatError(
+                    f"{x.where}: reduction counts ranks {_ranks(ba & bb)} twice ({mode})"
+                )
+            if key in arrived:
+                combined.add(arrived[key])
+            out.append((ka, ba | bb))
+        return out
+
+    def slots(x: XStep, buf: str, off: int) -> list[Slot]:
+        return [place(x.gpu, buf, off + j) for j in range(x.cnt)]
+
+    sent: dict[int, list[Value]] = {}
+    for x in order:
+        t = x.type
+        data: list[Value] = []
+        if t in RECV_TYPES:
+            data = sent[prog.sender_of[x.uid].uid]
+            if t in REDUCING_TYPES:
+                combined.add(x.uid)
+                local = slots(x, x.srcbuf, x.srcoff)
+                data = combine(x, data, read(x, x.srcbuf, x.srcoff), local)
+        elif t in ("s", "cpy"):
+            data = read(x, x.srcbuf, x.srcoff)
+        elif t == "re":
+            src = slots(x, x.srcbuf, x.srcoff)
+            vals = read(x, x.srcbuf, x.srcoff)
+            for key in src:  # a received contribution reduced into place
+                if key in arrived:
+                    combined.add(arrived[key])
+            data = combine(x, vals, read(x, x.dstbuf, x.dstoff), slots(x, x.dstbuf, x.dstoff))
+        if t == "cpy" and slots(x, x.srcbuf, x.srcoff) == slots(x, x.dstbuf, x.dstoff):
+            pass  # in place, a copy onto itself changes no byte
+        elif t in WRITES_DST:
+            write(x, data)
+            if t in ("r", "rcs"):
+                for key in slots(x, x.dstbuf, x.dstoff):
+                    arrived[key] = x.uid
+        if t in SEND_TYPES:
+            sent[x.uid] = data
+    _postconditions(lay, state, place, mode)
+    return sent, combined
+
+
+def _postconditions(
+    lay: _Layout, state: dict[Slot, Value], place: Callable[[int, str, int], Slot], mode: str
+) -> None:
+    n, c, coll = lay.n, lay.c, lay.coll
+    full = (1 << n) - 1
+    for g in range(n):
+        for off in range(lay.o_chunks):
+            k = lay.output_chunk(g, off)
+            if coll in (Collective.ALLREDUCE, Collective.REDUCESCATTER):
+                want = full
+            elif coll == Collective.ALLGATHER:
+                want = 1 << (k // c)
+            elif coll == Collective.ALLTOALL:
+                want = 1 << (k // (n * c))
+            else:
+                want = 1 << lay.root
+            got = state.get(place(g, "o", off))
+            if got != (k, want):
+                held = "nothing" if got is None else f"chunk {got[0]} of ranks {_ranks(got[1])}"
+                raise MscclFormatError(
+                    f"{coll} ({mode}): gpu {g} ends with output chunk {off} wrong: it should hold "
+                    f"chunk {k} of ranks {_ranks(want)} but holds {held}"
+                )
+
+
+def _ranks(bits: int) -> str:
+    return "{" + ", ".join(str(r) for r in range(bits.bit_length()) if bits >> r & 1) + "}"

@@ -1,0 +1,72 @@
+"""Acceptance: synthesized MSCCL files load in msccl-executor-nccl's own parser on every rank and
+are selected by its own rule at every power-of-two size they cover (the conformance kit)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ccltune.api.common import Collective
+from ccltune.model.msccl_limits import MAX_STEPS
+from ccltune.synth.engine import default_threadblocks, synthesize
+from ccltune.topology.presets import load_preset
+
+REPO = Path(__file__).resolve().parents[2]
+CHECK_PLAN = REPO.parent / "shared" / "conformance" / "check-plan"
+SIZES = [1 << k for k in range(10, 31)]  # 1K..1G
+# A budget that never binds: the work is limited by the candidates, not by wall time.
+NO_TIME_LIMIT = 3600
+
+
+def _check(plan: Path, dtype_bytes: int) -> str:
+    assert CHECK_PLAN.exists(), f"conformance kit missing at {CHECK_PLAN}"
+    p = subprocess.run([str(CHECK_PLAN), str(plan), "--dtype-bytes", str(dtype_bytes)],
+                       capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert p.returncode != 2, p.stdout + p.stderr  # the kit could not run: nothing was checked
+    assert p.returncode == 0, p.stdout
+    return p.stdout
+
+
+@pytest.mark.parametrize(
+    ("preset", "coll", "budget"),
+    [
+        ("dgx-h100-2", "allreduce", None),  # NCCL's own channel count: 16
+        ("dgx-h100-2", "allgather", None),
+        ("dgx-h100-2", "reducescatter", None),
+        ("syccl-a800-16", "allgather", 8),  # one threadblock per peer, one channel
+        ("h800-rail-64", "allgather", 16),
+    ],
+)
+def test_files_load_and_are_selected(preset: str, coll: str, budget: int | None,
+                                     tmp_path: Path) -> None:  # fmt: skip
+    topo = load_preset(preset)
+    res = synthesize(topo, coll, SIZES, time_budget_s=NO_TIME_LIMIT, out_dir=tmp_path / "msccl",
+                     max_threadblocks=budget)  # fmt: skip
+    assert not res.budget_exhausted
+    cap = budget or default_threadblocks(Collective(coll), topo, SIZES)
+    assert res.max_threadblocks == cap
+    files = [r for r in res.ranges if r.kind == "msccl"]
+    assert files, res.notes  # the check below must have something to check
+    assert all(0 < r.threadblocks <= cap for r in files)
+    for dtype_bytes in (2, 4):
+        out = _check(tmp_path, dtype_bytes)
+        for r in files:
+            name = Path(r.xml_file or "").name
+            assert f"PASS msccl/{name} load" in out
+            assert f"PASS msccl/{name} selection: selected by the executor at all" in out
+    steps = [int(line.split(" steps per block")[0].rsplit(" ", 1)[1])
+             for line in out.splitlines() if "steps per block" in line]  # fmt: skip
+    assert steps and max(steps) <= MAX_STEPS
+
+
+def test_default_budget_is_nccls_and_a_fabric_that_needs_more_says_so(tmp_path: Path) -> None:
+    topo = load_preset("syccl-a800-16")  # NCCL's model: 4 channels; a schedule needs 8 peers
+    res = synthesize(topo, "allgather", [1 << 20, 1 << 28], time_budget_s=NO_TIME_LIMIT,
+                     out_dir=tmp_path)  # fmt: skip
+    assert res.max_threadblocks == default_threadblocks(Collective.ALLGATHER, topo,
+                                                        [1 << 20, 1 << 28]) == 4  # fmt: skip
+    assert all(r.kind == "nccl" for r in res.ranges) and not list(tmp_path.iterdir())
+    assert any("set synthesis.maxThreadblocks to at least 8" in n for n in res.notes), res.notes
+    assert "SM budget" in res.sizes[0].reason
