@@ -9,25 +9,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from .api.ccltuning import CCLTuningSpec, CollectiveTask, Parallelism, PublishOptions
 from .api.cluster import ClusterTopology
 from .api.common import Collective, Source, parse_size
+from .api.errors import InputError
 from .api.plan import Estimate, Plan, PlanFile, PlanTask, TaskKey
 from .model.nccl_default import default_estimate, nccl_default
 from .plan_steps import msccl_step, realize_step, synth_step, tune_step
 from .publish.files import (
     NCCL_CONF,
     NCCL_TOPO,
-    REPORT_JSON,
-    REPORT_MD,
     plan_file,
     render_nccl_conf,
     with_files,
 )
-from .publish.report import render_report_json, render_report_md
+from .publish.report_files import published_report_files
 from .publish.runtime import RCCL_MSCCL_ENV, RuntimeMismatch, check_gpus, nccl_version, runs_msccl
 from .topology.export import describe
+from .topology.shape_warnings import shape_warnings
 from .topology.subgroup import subcluster
 from .topology.topo_file import decide as decide_topology_file
 from .tune.emit import check_process_wide
@@ -35,7 +36,7 @@ from .tune.emit import check_process_wide
 Progress = Callable[[str], None]
 
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """The spec cannot be planned on this cluster; the message names the field."""
 
 
@@ -204,6 +205,7 @@ def build_plan(
     *,
     name: str,
     progress: Progress | None = None,
+    profiles: Path | None = None,
 ) -> Plan:
     """The whole offline pipeline. Deterministic: same inputs, same files and digest."""
     say = progress or (lambda _msg: None)
@@ -215,7 +217,7 @@ def build_plan(
         raise PlanError(str(exc)) from None
     tasks: list[PlanTask] = []
     subs: list[ClusterTopology] = []
-    notes: list[str] = []
+    notes: list[str] = shape_warnings(cluster)
     for index, task in enumerate(expand_tasks(tuning, cluster)):
         key, comm = _task_key(task, index, tuning, cluster)
         sub = subcluster(cluster, comm.ranks)
@@ -225,7 +227,7 @@ def build_plan(
     step_files: list[PlanFile] = []
     if tuning.tuning.enabled:
         baseline = tasks
-        tasks, env, step_files, tune_notes = tune_step(tuning, cluster, tasks, say, version)
+        tasks, env, step_files, tune_notes = tune_step(tuning, cluster, tasks, say, version, profiles)
         tasks = [_with_bounds(t, b) for t, b in zip(tasks, baseline, strict=True)]
         notes += tune_notes
     if tuning.synthesis.enabled and not runs_msccl(runtime):
@@ -260,8 +262,7 @@ def build_plan(
         *topo_files,
         *step_files,
         plan_file(NCCL_CONF, render_nccl_conf(check_process_wide(env), header)),
-        plan_file(REPORT_MD, render_report_md(plan, line)),
-        plan_file(REPORT_JSON, render_report_json(plan, line)),
+        *published_report_files(plan, line),
     ]
     return with_files(plan, files)
 

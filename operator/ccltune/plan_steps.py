@@ -24,6 +24,8 @@ from .publish.runtime import (
     selected_file,
 )
 from .synth.engine import synthesize
+from .tune.profilers.base import ProfilerError
+from .tune.profilers.replay import ReplayProfiler
 from .tune.table import TABLE_FILE
 from .tune.tuner import TUNER_FILE, tune_tasks
 
@@ -31,10 +33,13 @@ Progress = Callable[[str], None]
 
 
 def tune_step(spec: CCLTuningSpec, cluster: ClusterTopology, tasks: list[PlanTask], say: Progress,
-              version: str) -> tuple[list[PlanTask], dict[str, str], list[PlanFile], list[str]]:  # fmt: skip
+              version: str, profiles: Path | None = None) -> tuple[list[PlanTask], dict[str, str], list[PlanFile], list[str]]:  # fmt: skip
     """Tuned tasks, env, files (tuner CSV) and notes; the tasks unchanged when it cannot run.
-    `version`: the NCCL under the runtime (publish/runtime.nccl_version)."""
+    `version`: the NCCL under the runtime (publish/runtime.nccl_version). `profiles`: a directory
+    of measured profiles (sweep CSVs, nccl-tests logs) to tune on instead of the simulator."""
     opts = spec.tuning
+    if profiles is not None:
+        return _tune_on_profiles(spec, cluster, tasks, say, version, profiles)
     if opts.profiler != "simulated":
         why = ("needs the replay ConfigMap, which only the operator reads"
                if opts.profiler == "replay" else "runs nccl-tests on GPU nodes (operator Jobs)")  # fmt: skip
@@ -49,6 +54,32 @@ def tune_step(spec: CCLTuningSpec, cluster: ClusterTopology, tasks: list[PlanTas
     return result.plan_tasks_by_key(), dict(result.env), files, [
         f"tuning: {n}" for n in result.notes
     ]
+
+
+def _tune_on_profiles(spec: CCLTuningSpec, cluster: ClusterTopology, tasks: list[PlanTask], say: Progress,
+                      version: str, profiles: Path) -> tuple[list[PlanTask], dict[str, str], list[PlanFile], list[str]]:  # fmt: skip
+    """Tuning on measured data: tasks the profiles have no sizes for keep NCCL's defaults."""
+    opts = spec.tuning
+    # Gaps between measured sizes of one configuration are interpolated (labelled); nothing else.
+    profiler = ReplayProfiler.from_dir(profiles, fallback="interpolate")
+    say(f"tuning {len(tasks)} task(s): {opts.searcher}, measured profiles from {profiles}, budget {opts.budget}")
+    try:
+        result = tune_tasks([t.key for t in tasks], cluster, searcher=opts.searcher, profiler=profiler,
+                            budget=opts.budget, seed=opts.seed, nccl_version=version)  # fmt: skip
+    except ProfilerError as exc:
+        return tasks, {}, [], [f"tuning: the measured profiles in {profiles} cannot tune these tasks ({exc}); "
+                               "NCCL defaults are used"]
+    except ValueError as exc:
+        if "no sizes for any task" not in str(exc):
+            raise
+        return tasks, {}, [], [f"tuning: the measured profiles in {profiles} hold no size of these tasks; "
+                               "NCCL defaults are used"]
+    tuned = {t.key.label(): t for t in result.plan_tasks_by_key()}
+    files = [plan_file(TUNER_CSV, result.files[TUNER_FILE])] if TUNER_FILE in result.files else []
+    if TABLE_FILE in result.files:
+        files.append(plan_file(TABLE_FILE, result.files[TABLE_FILE]))
+    notes = [f"tuning: {n}" for n in [*profiler.notes, *result.notes]]
+    return [tuned.get(t.key.label(), t) for t in tasks], dict(result.env), files, notes
 
 
 def _revert(task: PlanTask, before: list[Estimate], sizes: set[int]) -> PlanTask:

@@ -28,7 +28,7 @@ def test_spec_errors_name_the_field() -> None:
         {"collectives": [{"op": "allreduce", "minBytes": "-5"}]}
     )
     assert _error({"collectives": [{"op": "allreduce", "maxBytes": "0"}]}).startswith(
-        "spec.collectives[0]: size must be positive"
+        "spec.collectives[0].maxBytes: size must be positive"
     )
     assert _error({}) == "spec: spec needs collectives or parallelism to know what to plan"
     assert "replayConfigMap" in _error(

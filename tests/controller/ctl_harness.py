@@ -49,6 +49,7 @@ from kmock._internal.k8s import KubernetesError
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "crds"
+STANDIN = Path(__file__).resolve().parent / "standin"  # nccl-tests / mpirun stand-ins
 
 CORE = {
     "v1/nodes": ("Node", False),
@@ -95,6 +96,7 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
         # request once it took effect, before the reply goes out (e.g. SIGKILL the caller there).
         self.reset_if: list[Callable[[dict[str, Any]], bool]] = []
         self.after_served: list[Callable[[dict[str, Any]], None]] = []
+        self.pod_logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> what its container printed
 
     def _key(self, request: Any) -> str:
         r = request.resource
@@ -122,6 +124,12 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
         if record is not None and any(hook(record) for hook in self.reset_if):
             request._raw_request.transport.abort()
             return aiohttp.web.Response(status=500)  # never delivered: the connection is gone
+        r = request.resource
+        if r is not None and r.plural == "pods" and request.subresource == "log" and request.name:
+            text = self.pod_logs.get((request.namespace or "", request.name))
+            if text is None:
+                return aiohttp.web.json_response({"kind": "Status", "code": 404, "message": "not found"}, status=404)
+            return aiohttp.web.Response(text=text)  # kubelet's plain-text log stream
         if request.resource is not None:
             self._play_apiserver(request)
             self._validate(request)
@@ -326,6 +334,21 @@ class Cluster:
             names.append(crd["metadata"]["name"])
         return names
 
+    def install_mpijob_crd(self) -> None:
+        """What installing the Kubeflow MPI Operator registers: the MPIJob CRD, kubeflow.org/v2beta1
+        (kubeflow/mpi-operator manifests/base/kubeflow.org_mpijobs.yaml; schema left open here)."""
+        assert self.server is not None
+        self.create({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                     "metadata": {"name": "mpijobs.kubeflow.org"},
+                     "spec": {"group": "kubeflow.org", "scope": "Namespaced",
+                              "names": {"kind": "MPIJob", "plural": "mpijobs", "singular": "mpijob"},
+                              "versions": [{"name": "v2beta1", "served": True, "storage": True,
+                                            "subresources": {"status": {}}}]}})
+        key = "kubeflow.org/v2beta1/mpijobs"
+        self.server.resources[key] = kmock.ResourceInfo(kind="MPIJob", singular="mpijob", namespaced=True,
+                                                        verbs=VERBS, subresources={"status"})
+        self.server.status_subresource.add(key)
+
     @contextlib.contextmanager
     def admitting_anything(self) -> Iterator[None]:
         """Writes skip validation meanwhile: objects an older CRD (or none) would have admitted."""
@@ -405,6 +428,12 @@ class Kubelet:
         self.fail_with: tuple[str, str] | None = None  # (reason, message) the "node" fails Jobs with
         self.started: list[str] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        # Benchmark runs: env for the stand-ins (e.g. CCLTUNE_STANDIN_CLUSTER), started runs, their
+        # processes, and the runs a test expired.
+        self.standin_env: dict[str, str] = {}
+        self.benchmarks: list[str] = []
+        self.processes: dict[str, asyncio.subprocess.Process] = {}
+        self.expired: set[str] = set()
 
     async def run(self) -> None:
         srv = self.cluster.server
@@ -416,10 +445,12 @@ class Kubelet:
                 if self.hold:
                     continue
                 for res, ns, name, raw in srv.live():
-                    if res.plural != "jobs" or raw.get("status") or f"{ns}/{name}" in self.started:
+                    if res.plural not in ("jobs", "mpijobs") or raw.get("status") or f"{ns}/{name}" in self.started:
                         continue
                     self.started.append(f"{ns}/{name}")
-                    task = asyncio.create_task(self._run_job(client, ns, name, raw))
+                    bench = (raw["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "benchmark"
+                    run = self._run_benchmark(client, ns or "", name, raw) if bench else self._run_job(client, ns, name, raw)
+                    task = asyncio.create_task(run)
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
 
@@ -443,6 +474,71 @@ class Kubelet:
         log.close()
         await self._finish(client, path, ok=code == 0, reason="BackoffLimitExceeded",
                            message=f"Job has reached the specified backoff limit (exit code {code})")
+
+    async def _run_benchmark(self, client: httpx.AsyncClient, ns: str, name: str, obj: dict[str, Any]) -> None:
+        """Plays the MPI operator (MPIJob -> launcher pod, kubeflow.org/v2beta1 conditions) or the Job
+        controller for a benchmark run: the launcher's script runs locally with the stand-in mpirun
+        and all_reduce_perf (tests/controller/standin), its output streamed into the pod's log."""
+        srv = self.cluster.server
+        assert srv is not None
+        mpi = obj["kind"] == "MPIJob"
+        api = "kubeflow.org/v2beta1" if mpi else "batch/v1"
+        path = _path_for(api, "mpijobs" if mpi else "jobs", ns, name) + "/status"
+        if mpi:
+            template = obj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]
+            pod_name = f"{name}-launcher-{uuid.uuid4().hex[:5]}"
+            labels = {"training.kubeflow.org/job-name": name, "training.kubeflow.org/job-role": "launcher"}
+            running = [{"type": "Created", "status": "True", "lastTransitionTime": _now()},
+                       {"type": "Running", "status": "True", "lastTransitionTime": _now()}]
+            await client.patch(path, json={"status": {"conditions": running, "startTime": _now()}},
+                               headers={"Content-Type": "application/merge-patch+json"})
+        else:
+            template = obj["spec"]["template"]
+            pod_name = f"{name}-{uuid.uuid4().hex[:5]}"
+            labels = {"batch.kubernetes.io/job-name": name}
+            await client.patch(path, json={"status": {"active": 1, "startTime": _now()}},
+                               headers={"Content-Type": "application/merge-patch+json"})
+        container = template["spec"]["containers"][0]
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": pod_name, "namespace": ns, "labels": {**template["metadata"].get("labels", {}), **labels}},
+               "spec": {"containers": [container]}, "status": {"phase": "Running"}}
+        await client.post(_collection("v1", "pods", ns), json=pod)
+        self.benchmarks.append(f"{ns}/{name}")
+        env = {**os.environ, **self.standin_env,
+               "PATH": f"{STANDIN}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+        proc = await asyncio.create_subprocess_exec(*container["command"], *container.get("args", []), env=env,
+                                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                    start_new_session=True)
+        self.processes[f"{ns}/{name}"] = proc
+        key = (ns, pod_name)
+        srv.pod_logs[key] = ""
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            srv.pod_logs[key] += line.decode(errors="replace")
+        code = await proc.wait()
+        if f"{ns}/{name}" in self.expired:
+            return  # expire() wrote the outcome
+        if mpi:
+            cond = {"type": "Succeeded" if code == 0 else "Failed", "status": "True", "lastTransitionTime": _now(),
+                    "reason": "MPIJobSucceeded" if code == 0 else "MPIJobFailed", "message": f"launcher exit code {code}"}
+            await client.patch(path, json={"status": {"conditions": [*running, cond], "completionTime": _now()}},
+                               headers={"Content-Type": "application/merge-patch+json"})
+        else:
+            await self._finish(client, path, ok=code == 0, reason="BackoffLimitExceeded",
+                               message=f"Job has reached the specified backoff limit (exit code {code})")
+
+    def expire(self, ns: str, name: str) -> None:
+        """The run's activeDeadlineSeconds passed: its controller kills the pods and marks it
+        Failed, reason DeadlineExceeded (what batch/v1 and the MPI operator report)."""
+        self.expired.add(f"{ns}/{name}")
+        proc = self.processes.get(f"{ns}/{name}")
+        if proc is not None and proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        obj = self.cluster.get("kubeflow.org/v2beta1", "mpijobs", name, ns)
+        api, plural = ("kubeflow.org/v2beta1", "mpijobs") if obj is not None else ("batch/v1", "jobs")
+        cond = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "lastTransitionTime": _now(),
+                "message": "Job was active longer than specified deadline"}
+        self.cluster.patch(api, plural, name, {"status": {"conditions": [cond]}}, ns, subresource="status")
 
     async def _finish(self, client: httpx.AsyncClient, path: str, *, ok: bool, reason: str, message: str) -> None:
         cond = ({"type": "Complete", "status": "True", "lastTransitionTime": _now()} if ok else

@@ -30,16 +30,16 @@ def test_plan_dedupes_and_covers() -> None:
 
 
 def test_indexed_job_round_trip_matches_in_process() -> None:
-    plan = plan_from_json(plan_json(plan_shards(_demands(), 2, time_limit_s=1.0)))
+    plan = plan_from_json(plan_json(plan_shards(_demands(), 2, node_limit=200)))
     parts = [results_from_json(results_json(solve_shard(plan, i))) for i in range(len(plan.shards))]
     merged = merge(parts)
-    local = solve_all(_demands(), workers=1, time_limit_s=1.0)
+    local = solve_all(_demands(), workers=1, node_limit=200)
     assert set(merged) == set(local)
     for k, s in merged.items():
         assert s.epochs == local[k].epochs
 
 
 def test_process_pool() -> None:
-    assert set(solve_all(_demands(), workers=2, time_limit_s=1.0)) == set(
-        solve_all(_demands(), workers=1, time_limit_s=1.0)
+    assert set(solve_all(_demands(), workers=2, node_limit=200)) == set(
+        solve_all(_demands(), workers=1, node_limit=200)
     )

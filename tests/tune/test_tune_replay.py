@@ -81,15 +81,15 @@ def test_sweep_csv_sample_loads_and_replays() -> None:
     assert any("nvls" in n for n in space.notes)
 
 
-def test_missing_point_is_an_error_unless_a_fallback_is_chosen() -> None:
+def test_missing_point_is_an_error_unless_bracketed_by_measured_neighbours() -> None:
     strict = ReplayProfiler.from_file(SWEEP)
     ring = Config(Impl("ring", "Simple"), 4, 512, 4 << 20)
     with pytest.raises(ProfilerError, match=r"no point for allreduce ring/Simple/p2p 4ch .* at 4096 bytes"):
         strict.measure(key(), 4096, ring)
-    near = ReplayProfiler.from_file(SWEEP, fallback="nearest").measure(key(), 4096, ring)
-    assert near.time_us == 10.8 and "nearest" in near.note
+    with pytest.raises(ValueError, match="fallback: 'nearest' is not one of error, interpolate"):
+        ReplayProfiler.from_file(SWEEP, fallback="nearest")  # another size's time is never used as is
     interp = ReplayProfiler.from_file(SWEEP, fallback="interpolate").measure(key(), 4096, ring)
-    assert 10.8 < interp.time_us < 18.4 and "interpolated" in interp.note
+    assert 10.8 < interp.time_us < 18.4 and "interpolated between measured" in interp.note
 
 
 def test_searchers_only_ask_a_strict_replay_for_what_it_has(tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def test_cli_simulated_writes_files(tmp_path: Path) -> None:
 
 def test_cli_replay_and_errors(tmp_path: Path) -> None:
     r = CliRunner().invoke(app(), ["tune", "--cluster", "dgx-a100-2", "--ranks", "16", "--nodes", "2",
-                                   "--profiler", f"replay:{DATA}/nccl-sweep-schema-sample.csv", "--fallback", "nearest",
+                                   "--profiler", f"replay:{DATA}/nccl-sweep-schema-sample.csv", "--fallback", "interpolate",
                                    "--sizes", "1K:1M", "--searcher", "grid", "--budget", "5"])
     assert r.exit_code == 0, r.output
     assert "replayed" in r.output

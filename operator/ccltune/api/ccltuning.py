@@ -177,6 +177,14 @@ class TuningOptions(WireModel):
     replay_config_map: ObjectName | None = None
     budget: Annotated[int, Field(ge=1, le=100_000)] = 200
     seed: Annotated[int, Field(ge=0)] = 0
+    # profiler live: the image with nccl-tests and the job's NCCL (None: the chart's default).
+    benchmark_image: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    # Deadline of one benchmark run (the Job's activeDeadlineSeconds); a run past it is deleted.
+    benchmark_timeout_seconds: Annotated[int, Field(ge=60, le=86_400)] = 1800
+    # Each configuration's launch is killed after this; its points are recorded missing.
+    trial_timeout_seconds: Annotated[int, Field(ge=10, le=3600)] = 120
+    # Benchmarks never share nodes with the selected training pods unless this is true.
+    benchmark_on_busy_nodes: bool = False
 
 
 # Which runtime the job's image runs: stock NCCL, Azure's msccl-executor-nccl (NCCL 2.23.4 under
@@ -251,6 +259,16 @@ class PublishedConfigMap(WireModel):
     digest: Annotated[str, Field(max_length=80)]
 
 
+class MeasuredProfile(WireModel):
+    """The measured profile a plan was tuned on (profiler live, or replayConfigMap)."""
+
+    source: Literal["measured"] = "measured"
+    config_map: Name
+    job: ShortText | None = None  # the benchmark Job/MPIJob that measured it (namespace/name)
+    measured_at: ShortText | None = None  # RFC 3339, when that run finished
+    missing_points: int = 0  # trials that timed out or failed: missing, never zero
+
+
 class CCLTuningStatus(WireModel):
     observed_generation: int | None = None
     conditions: Annotated[
@@ -262,6 +280,7 @@ class CCLTuningStatus(WireModel):
     plan_digest: Annotated[str, Field(max_length=80)] | None = None
     speedup: ShortText | None = None  # printer column, e.g. "1.27x (simulated)"
     message: Message | None = None
+    measurement: MeasuredProfile | None = None  # profiler live/replay: where the numbers came from
 
 
 class CCLTuning(WireModel):

@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from .errors import InputError
+
 API_GROUP = "ccltune.io"
 API_VERSION = "v1alpha1"
 
@@ -103,10 +105,10 @@ def parse_size(text: str | int) -> int:
     else:
         match = _SIZE.match(text)
         if not match:
-            raise ValueError(f"not a size: {text!r} (use e.g. 1K, 64MiB, 1G or a byte count)")
+            raise InputError(f"not a size: {text!r} (use e.g. 1K, 64MiB, 1G or a byte count)")
         value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
     if value <= 0:
-        raise ValueError(f"size must be positive, got {text!r}")
+        raise InputError(f"size must be positive, got {text!r}")
     return value
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -16,8 +17,17 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Tracebacks of internal errors; solver (HiGHS) output."
+    ),
+) -> None:
     """Synthesize and tune NCCL/MSCCL collectives for the cluster a job runs on."""
+    from . import common
+
+    common.VERBOSE = verbose
+    if verbose:  # synth/quiet.py reads it; worker processes inherit it
+        os.environ["CCLTUNE_SOLVER_OUTPUT"] = "1"
 
 
 def _register() -> None:
@@ -28,9 +38,9 @@ def _register() -> None:
         # Every injected pod with packed files runs this first: skip the planning stack's imports.
         unpack.register(app)
         return
-    from . import crds, plan, topology
+    from . import crds, plan, report, topology
 
-    for module in (plan, topology, crds, unpack):
+    for module in (plan, report, topology, crds, unpack):
         module.register(app)
     for optional in ("synthesize", "tune"):
         try:

@@ -1,10 +1,10 @@
-"""What every sub-command shares: one-line errors instead of tracebacks, YAML input."""
+"""What every sub-command shares: errors by who must act (exit 2 input, 3 bug), YAML input."""
 
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Iterator
+import traceback
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -16,7 +16,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..api.errors import one_line
+from ..api.errors import InputError, problems
 
 console = Console()
 err_console = Console(stderr=True)
@@ -35,41 +35,75 @@ def size_table(title: str, columns: list[str], caption: str) -> Table:
 EXIT_INPUT = 2
 EXIT_INTERNAL = 3
 
+# Set by the root `-v/--verbose` option; CCLTUNE_DEBUG=1 does the same for scripts.
+VERBOSE = False
+
+
+def verbose() -> bool:
+    return VERBOSE or bool(os.environ.get("CCLTUNE_DEBUG"))
+
 
 def fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
+def fail_input(problems: Sequence[str]) -> NoReturn:
+    """One problem: one line. Several: the count and the first, then every one numbered."""
+    if len(problems) > 1:
+        err_console.print(f"[bold red]error:[/] {len(problems)} problems, the first: {problems[0]}",
+                          highlight=False, soft_wrap=True)  # fmt: skip
+        for i, problem in enumerate(problems, start=1):
+            err_console.print(f"  {i}. {problem}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_INPUT)
+    fail(problems[0])
+
+
+def fail_internal(exc: BaseException) -> NoReturn:
+    """A bug of ours: never blamed on the input. The traceback only with -v."""
+    if verbose():
+        err_console.print("".join(traceback.format_exception(exc)).rstrip(), highlight=False,
+                          markup=False, soft_wrap=True)  # fmt: skip
+    text = str(exc).strip().splitlines()
+    detail = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    fail(f"internal error (a ccltune bug): {detail} -- please report it with the command you ran"
+         f"{'' if verbose() else ' and the traceback -v prints'}", EXIT_INTERNAL)  # fmt: skip
+
+
+def _os_message(exc: OSError) -> str:
+    if exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror.lower()}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 @contextmanager
 def user_errors(prefix: str = "") -> Iterator[None]:
-    """Input errors become one line naming the field; anything else a short internal error."""
+    """Bad input (InputError, pydantic, YAML, files) exits 2 naming each field; anything else 3."""
     try:
         yield
     except typer.Exit:
         raise
     except ValidationError as exc:
-        fail(one_line(exc, prefix))
-    except (ValueError, OSError, yaml.YAMLError) as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        fail_input(problems(exc, prefix))
+    except InputError as exc:
+        fail_input(exc.problems)
+    except yaml.YAMLError as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else "malformed YAML")
+    except OSError as exc:
+        fail(_os_message(exc))
     except Exception as exc:
-        if os.environ.get("CCLTUNE_DEBUG"):
-            raise
-        fail(
-            f"internal error: {type(exc).__name__}: {exc} (set CCLTUNE_DEBUG=1 for a traceback)",
-            EXIT_INTERNAL,
-        )
+        fail_internal(exc)
 
 
 def read_yaml_documents(path: Path) -> list[Any]:
     if not path.exists():
-        raise ValueError(f"{path}: no such file")
+        raise InputError(f"{path}: no such file")
     try:
         return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
-        raise ValueError(f"{path}: malformed YAML at {where}: {exc.problem}") from None
+        raise InputError(f"{path}: malformed YAML at {where}: {exc.problem}") from None
 
 
 def ccltuning_document(path: Path) -> dict[str, Any]:
@@ -78,8 +112,4 @@ def ccltuning_document(path: Path) -> dict[str, Any]:
     for doc in docs:
         if isinstance(doc, dict) and doc.get("kind") == "CCLTuning":
             return doc
-    raise ValueError(f"{path}: no document with kind: CCLTuning")
-
-
-def is_debug() -> bool:
-    return bool(os.environ.get("CCLTUNE_DEBUG")) or "--debug" in sys.argv
+    raise InputError(f"{path}: no document with kind: CCLTuning")

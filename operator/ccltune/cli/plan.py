@@ -13,9 +13,11 @@ from ..api.common import format_size
 from ..api.plan import PlanFile, PlanTask
 from ..pipeline import build_plan
 from ..publish.configmaps import pointer_name, render_configmaps
-from ..publish.report import RUNTIME_LINE, task_rows
+from ..publish.report import RUNTIME_LINE, build_report, task_rows
+from ..publish.report_files import local_report_files, published_svgs
 from ..topology.export import describe
 from ..topology.load import load_cluster
+from ..topology.shape_warnings import shape_warnings
 from ..workload import preflight
 from .common import ccltuning_document, console, size_table, user_errors
 
@@ -34,6 +36,9 @@ def plan(
     namespace: str = typer.Option(
         "default", help="Namespace written into the ConfigMap manifests."
     ),
+    profiles: Path | None = typer.Option(
+        None, "--profiles", help="Tune on measured profiles: a directory of NCCL sweep CSVs and nccl-tests logs."
+    ),
 ) -> None:
     """Plan a CCLTuning for a cluster: topology, NCCL settings, schedules and a report."""
     with user_errors():
@@ -45,20 +50,30 @@ def plan(
     with user_errors():
         topo = load_cluster(cluster)
         console.print(f"[bold]cluster[/] {topo.name}: {describe(topo)}", highlight=False)
+        warned = shape_warnings(topo)
+        for warning in warned:
+            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
         _keys, work = preflight(spec, topo)  # a spec that cannot be planned fails before any work
         console.print(f"[bold]work estimate[/] {work.describe()}", highlight=False)
         with console.status("planning...") as status:
-            result = build_plan(spec, topo, name=name, progress=lambda msg: status.update(msg))
+            result = build_plan(spec, topo, name=name, progress=lambda msg: status.update(msg), profiles=profiles)
         config_map_name = pointer_name(name, spec.publish.config_map_name)
         manifests = render_configmaps(result, name=config_map_name, namespace=namespace)
         _write(out, result.files, manifests)
+        report = build_report(result, describe(topo))
+        for path, content in local_report_files(report, published_svgs(result)).items():
+            (out / path).parent.mkdir(parents=True, exist_ok=True)
+            (out / path).write_bytes(content)
     console.print(f"[bold]runtime[/] {RUNTIME_LINE[result.runtime]}", highlight=False)
     for task in result.tasks:
         _print_task(task)
     for note in result.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+        if note not in warned:  # shape warnings are plan notes too: said once, above
+            console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(
-        f"wrote {out}/ (report.md, report.json, manifests/configmaps.yaml, {len(result.files)} files) · plan digest {result.digest[:12]}"
+        f"wrote {out}/ (report.md, report.html, plots/, manifests/configmaps.yaml; "
+        f"{len(result.files)} plan files) · plan digest {result.digest[:12]}",
+        highlight=False,
     )
 
 
@@ -107,8 +122,9 @@ def _print_task(task: PlanTask) -> None:
     console.print(table)
     labels = {e.choice.msccl_file: e.choice.algorithm for e in task.chosen_estimates
               if e.choice is not None and e.choice.msccl_file}  # fmt: skip
-    for path, tag in legend.items():
-        console.print(f"  {tag} = {path}: {labels[path]}", highlight=False)
+    for path, tag in legend.items():  # the label can be longer than a line: on its own
+        console.print(f"  {tag} = {path}", highlight=False)
+        console.print(f"     {labels[path]}", highlight=False)
 
 
 def _via(realized_by: str) -> str:

@@ -9,6 +9,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..api.common import Collective, format_size, parse_size
+from ..api.errors import InputError
 from ..synth.engine import SynthesisResult, synthesize
 from ..topology.load import load_cluster
 from .common import console, fail, size_table, user_errors
@@ -21,7 +22,7 @@ def parse_sizes(text: str) -> list[int]:
         lo_s, hi_s = text.split(":", 1)
         lo, hi = parse_size(lo_s), parse_size(hi_s)
         if lo > hi:
-            raise ValueError(f"--sizes {text}: the first size is larger than the last")
+            raise InputError(f"--sizes {text}: the first size is larger than the last")
         out, s = [], lo
         while s < hi:
             out.append(s)
@@ -96,15 +97,18 @@ def synthesize_cmd(
                              out_dir=out, progress=report)  # fmt: skip
     if res.stats is not None:
         st = res.stats
-        console.print(f"sketches: {st.raw} raw -> {st.after_relay_bound} with bounded relays -> "
-                      f"{st.kept} after isomorphism pruning", highlight=False)  # fmt: skip
+        console.print(f"sketches: {st.raw} raw -> {st.after_relay_bound} with bounded relays "
+                      f"(both estimated by formula, not enumerated) -> {st.kept} enumerated "
+                      "after isomorphism pruning", highlight=False)  # fmt: skip
     console.print(_table(res))
     for i, rr in enumerate(res.ranges, start=1):
         hi = "inf" if rr.max_bytes == 0 else format_size(rr.max_bytes + 1)
         where = rr.xml_file or "NCCL (no file)"
         name = f"#{i} " if rr.kind == "msccl" else ""
-        console.print(f"  {name}{format_size(max(rr.min_bytes, 1))}..{hi}: {rr.label} {rr.protocol}"
-                      f" -> {where}", highlight=False)  # fmt: skip
+        # The label can be longer than a line: it goes on its own, under range and file.
+        console.print(f"  {name}{format_size(max(rr.min_bytes, 1))}..{hi} {rr.protocol} -> {where}",
+                      highlight=False)  # fmt: skip
+        console.print(f"     {rr.label}", highlight=False)
     for note in res.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"synthesis took {res.timings.get('total_s', 0):.1f} s; every time above is "

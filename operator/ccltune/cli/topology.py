@@ -12,6 +12,7 @@ from ..topology.export import describe, node_spec, to_astra_yaml
 from ..topology.load import load_cluster
 from ..topology.nccl_xml import write_nccl_xml
 from ..topology.presets import list_presets, load_preset
+from ..topology.shape_warnings import shape_warnings
 from .common import console, user_errors
 
 
@@ -46,7 +47,10 @@ def topology(
     """Show a cluster's model (dimensions, symmetry) and export it."""
     with user_errors():
         topo = load_cluster(cluster)
-        console.print(f"[bold]{topo.name}[/]: {describe(topo)}", highlight=False)
+        console.print(f"[bold]{topo.name}[/]", highlight=False)
+        console.print(f"  {describe(topo)}", highlight=False)
+        for warning in shape_warnings(topo):
+            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
         if topo.dimensions is not None:
             for i, dim in enumerate(topo.dimensions):
                 console.print(

@@ -14,10 +14,10 @@ from ..api.common import format_size
 from ..api.plan import TaskKey
 from ..topology.load import load_cluster
 from ..tune.keys import parse_collective, parse_size_range
-from ..tune.profilers.replay import FALLBACKS
+from ..tune.profilers.replay import FALLBACKS, ReplayProfiler
 from ..tune.searchers import SEARCHERS
-from ..tune.tuner import TuningResult, tune_tasks
-from .common import console, fail, user_errors
+from ..tune.tuner import TaskOutcome, TuningResult, tune_tasks
+from .common import console, fail, size_table, user_errors
 
 
 def tune(
@@ -30,6 +30,8 @@ def tune(
     nodes: int | None = typer.Option(None, "--nodes", help="Nodes the communicator spans (default: what --ranks needs)."),
     role: str = typer.Option("world", "--role", help="Communicator role in the task key (world, tp, dp, pp, ep)."),
     profiler: str = typer.Option("simulated", "--profiler", help="simulated | replay:FILE | live"),
+    profiles: Path | None = typer.Option(None, "--profiles", help="Tune on measured profiles: a directory of NCCL sweep CSVs and nccl-tests logs."),
+    runtime: str = typer.Option("nccl", "--runtime", help="nccl | msccl | rccl; with msccl/rccl the MSCCL variants of replayed tables are searched jointly."),
     searcher: str = typer.Option("autoccl", "--searcher", help=" | ".join(SEARCHERS)),
     budget: int = typer.Option(200, "--budget", help="Trials per task key (size bucket)."),
     seed: int = typer.Option(0, "--seed"),
@@ -43,6 +45,7 @@ def tune(
     launcher: str = typer.Option("", "--launcher", help="live: command prefix starting one process per GPU (e.g. 'mpirun -np 16 -x NCCL_ALGO ...')."),
     bindir: str = typer.Option("", "--bindir", help="live: directory of the nccl-tests binaries."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Write tuner.table, nccl_tuner.conf, nccl.conf and tuning.json here."),
+    wide: bool = typer.Option(False, "--wide", help="One table with NCCL's own choices and size ranges (about 140 columns)."),
 ) -> None:
     """Tune NCCL (algorithm, protocol, channels, threads, buffer, transport) per task key."""
     with user_errors():
@@ -57,6 +60,10 @@ def tune(
         n_nodes = nodes if nodes is not None else max(1, -(-n_ranks // topo.gpus_per_node))
         if fallback not in FALLBACKS:
             fail(f"--fallback: {fallback!r} is not one of {', '.join(FALLBACKS)}")
+        if runtime not in ("nccl", "msccl", "rccl"):
+            fail(f"--runtime: {runtime!r} is not one of nccl, msccl, rccl")
+        if profiles is not None and profiler != "simulated":
+            fail(f"--profiles: give either --profiles or --profiler {profiler}, not both")
         # Whole ranges: tune_tasks buckets them (by --size-factor, or at a replayed table's sizes).
         keys = [TaskKey(collective=c, min_bytes=lo, max_bytes=hi, ranks=n_ranks, nodes=n_nodes, role=role) for c in colls]
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -67,7 +74,11 @@ def tune(
                 bar.update(job, description=msg, completed=done, total=total)
 
             result = tune_tasks(
-                keys, topo, searcher=searcher, profiler=profiler, budget=budget, seed=seed,
+                keys, topo, searcher=searcher, budget=budget, seed=seed,
+                profiler=profiler if profiles is None else ReplayProfiler.from_dir(
+                    profiles, collective=colls[0], ranks=n_ranks, nodes=n_nodes, fallback=fallback, inplace=inplace,
+                    runtime=runtime),
+                runtime=runtime,
                 nccl_version=nccl_version, size_factor=size_factor, sharp=sharp, progress=step,
                 interference=interference, noise=noise, fallback=fallback, inplace=inplace,
                 collective=colls[0], ranks=n_ranks, nodes=n_nodes,
@@ -75,7 +86,7 @@ def tune(
             )
         if out is not None:
             _write(out, result)
-    _print(result)
+    (_print if wide else _print_compact)(result)
     if out is not None:
         console.print(f"wrote {out}/ (tuner.table, nccl_tuner.conf, nccl.conf, tuning.json)")
 
@@ -92,6 +103,50 @@ def _write(out: Path, result: TuningResult) -> None:
     (out / "tuning.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
+def _tuned_label(t: TaskOutcome) -> str:
+    if t.synthesized is not None:
+        return t.choice().describe()
+    if t.deployed is not None:
+        return f"{t.choice().describe()}/{t.deployed.threads}t"
+    return "NCCL (logged)"
+
+
+def _print_compact(result: TuningResult) -> None:
+    """80 columns: one table per communicator and collective; NCCL's own choices under --wide."""
+    src = str(result.source)
+    console.print(f"[bold]{result.searcher}[/] on {result.profiler}: busbw in GB/s, {src}",
+                  highlight=False)  # fmt: skip
+    groups: dict[tuple[str, str, int, int], list[TaskOutcome]] = {}
+    for t in result.tasks:
+        k = t.key
+        groups.setdefault((str(k.collective), k.role, k.ranks, k.nodes), []).append(t)
+    for (coll, role, ranks, nodes), tasks in groups.items():
+        table = size_table(
+            f"{coll} · {role} · {ranks} ranks / {nodes} node(s)",
+            ["size", "choice", "busbw", "NCCL", "vs NCCL", "trials"],
+            "choice: algorithm/protocol/channels/threads; busbw of it and of NCCL's default; "
+            "a row runs to the next; --wide: NCCL's choices",
+        )
+        legend: dict[str, str] = {}  # synthesized schedules' labels are long: tagged, listed below
+        for t in tasks:
+            label = _tuned_label(t)
+            if t.synthesized is not None:
+                label = legend.setdefault(label, f"msccl#{len(legend) + 1}")
+            table.add_row(format_size(t.key.min_bytes), label, f"{t.chosen_busbw:.1f}",
+                          f"{t.default_busbw:.1f}", f"{t.speedup:.2f}x", str(t.trials))  # fmt: skip
+        console.print(table)
+        for full, tag in legend.items():
+            console.print(f"  {tag} = {full}", highlight=False)
+    _print_settings(result)
+
+
+def _print_settings(result: TuningResult) -> None:
+    for name, value in sorted(result.env.items()):
+        console.print(f"  {name}={value}", highlight=False)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
 def _print(result: TuningResult) -> None:
     src = str(result.source)
     shapes = sorted({(t.key.ranks, t.key.nodes) for t in result.tasks})
@@ -104,21 +159,13 @@ def _print(result: TuningResult) -> None:
         k = t.key
         task = str(k.collective) + ("" if k.role == "world" else f" ({k.role})")
         default = t.plan_task().default.describe() if t.default else "NCCL (logged)"
-        if t.synthesized is not None:
-            tuned = t.choice().describe()
-        elif t.deployed is not None:
-            tuned = f"{t.choice().describe()}/{t.deployed.threads}t"
-        else:
-            tuned = "NCCL (logged)"
+        tuned = _tuned_label(t)
         end = k.max_bytes + 1 if (k.max_bytes + 1) & k.max_bytes == 0 else k.max_bytes  # exclusive 2^n end
         sizes = format_size(k.min_bytes) if k.min_bytes == k.max_bytes else f"{format_size(k.min_bytes)}-{format_size(end)}"
         table.add_row(task, sizes, default,
                       f"{t.default_busbw:.1f}", tuned, f"{t.chosen_busbw:.1f}", f"{t.speedup:.2f}x", str(t.trials))
     console.print(table)
-    for name, value in sorted(result.env.items()):
-        console.print(f"  {name}={value}", highlight=False)
-    for note in result.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    _print_settings(result)
 
 
 def register(app: typer.Typer) -> None:

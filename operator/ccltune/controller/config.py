@@ -15,8 +15,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..api.errors import InputError
 
-class ConfigError(ValueError):
+
+class ConfigError(InputError):
     pass
 
 
@@ -56,6 +58,12 @@ class OperatorConfig(BaseModel):
         "requests": {"cpu": "250m", "memory": "128Mi"},
         "limits": {"cpu": "250m", "memory": "128Mi"},
     }
+    # profiler live: nccl-tests image used when spec.tuning.benchmarkImage is unset (None: required
+    # in the spec), the GPU resource its pods request, and the slack past a run's deadline after
+    # which the operator deletes a run its controller has not ended.
+    benchmark_image: str | None = None
+    benchmark_gpu_resource: str = "nvidia.com/gpu"
+    benchmark_grace_seconds: float = Field(300, ge=0)
     # Plans bigger than these run as batch/v1 Jobs instead of inside the operator.
     inprocess_max_gpus: int = Field(512, ge=0)
     inprocess_max_synth_gpus: int = Field(16, ge=0)

@@ -11,7 +11,9 @@ import base64
 import gzip
 import hashlib
 import json
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..api.ccltuning import CCLTuningSpec
@@ -34,8 +36,26 @@ PLANJOB_MODULE = "ccltune.controller.planjob"
 FORMAT = 1
 
 
-def plan_input(spec: CCLTuningSpec, cluster: ClusterTopology, *, name: str) -> dict[str, Any]:
-    return {"format": FORMAT, "name": name, "spec": spec.wire(), "cluster": cluster.wire()}
+def plan_input(spec: CCLTuningSpec, cluster: ClusterTopology, *, name: str,
+               profiles: dict[str, str] | None = None) -> dict[str, Any]:
+    payload = {"format": FORMAT, "name": name, "spec": spec.wire(), "cluster": cluster.wire()}
+    if profiles:  # measured profiles to tune on (file name -> text); absent otherwise
+        payload["profiles"] = dict(sorted(profiles.items()))
+    return payload
+
+
+def plan_with_profiles(spec: CCLTuningSpec, cluster: ClusterTopology, name: str,
+                       profiles: dict[str, str] | None) -> Plan:
+    """build_plan, tuned on the measured profiles when there are any (written to a scratch dir,
+    which is what ccltune plan --profiles reads)."""
+    from ..pipeline import build_plan
+
+    if not profiles:
+        return build_plan(spec, cluster, name=name)
+    with tempfile.TemporaryDirectory(prefix="ccltune-profiles-") as tmp:
+        for file_name, text in profiles.items():
+            (Path(tmp) / Path(file_name).name).write_text(text)
+        return build_plan(spec, cluster, name=name, profiles=Path(tmp))
 
 
 def input_hash(payload: dict[str, Any], namespace: str) -> str:

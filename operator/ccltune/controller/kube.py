@@ -134,6 +134,19 @@ class KubeClient:
             raise
         return result
 
+    async def pod_log(self, name: str, namespace: str, container: str | None = None) -> str | None:
+        """The pod's log as text; None when the pod (or its log) is gone."""
+        token = self._conn.bearer()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        params = {"container": container} if container else None
+        path = path_for("v1", "pods", namespace, name, "log")
+        resp = await self._http.get(path, params=params, headers=headers)
+        if resp.status_code == 404:
+            return None
+        if resp.status_code >= 400:
+            raise ApiError(resp.status_code, "GET", path, resp.text[:300])
+        return resp.text
+
     async def get_metadata(self, api_version: str, plural: str, name: str, namespace: str | None = None
                            ) -> dict[str, Any] | None:
         """Only the object's metadata (PartialObjectMetadata): existence checks without the data."""

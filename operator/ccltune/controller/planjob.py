@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from ..api.ccltuning import CCLTuningSpec
 from ..api.cluster import ClusterTopology
-from ..api.errors import one_line
-from .jobs import INPUT_KEY, read_payload, result_configmaps
+from ..api.errors import InputError, one_line
+from .jobs import INPUT_KEY, plan_with_profiles, read_payload, result_configmaps
 from .kube import ApiError, KubeClient, connection_from_env
 
 
@@ -34,13 +34,15 @@ async def run(namespace: str, input_cm: str, output_cm: str, job_name: str | Non
             payload = read_payload(cm, INPUT_KEY + ".gz")
             spec = CCLTuningSpec.model_validate(payload["spec"])
             cluster = ClusterTopology.model_validate(payload["cluster"])
-            from ..pipeline import build_plan
-
-            plan = await asyncio.to_thread(build_plan, spec, cluster, name=payload["name"])
+            plan = await asyncio.to_thread(plan_with_profiles, spec, cluster, payload["name"],
+                                           payload.get("profiles"))
         except ValidationError as exc:
             return await _fail(client, output_cm, namespace, job, f"bad plan input: {one_line(exc)}")
-        except Exception as exc:  # the pipeline's error goes to the CCLTuning, not a traceback
-            return await _fail(client, output_cm, namespace, job, f"{type(exc).__name__}: {exc}")
+        except InputError as exc:  # the pipeline's error goes to the CCLTuning, not a traceback
+            return await _fail(client, output_cm, namespace, job, str(exc))
+        except Exception as exc:
+            return await _fail(client, output_cm, namespace, job,
+                               f"internal error (a ccltune bug): {type(exc).__name__}: {exc}")
         try:
             for body in result_configmaps(output_cm, plan, namespace, job):
                 await _write(client, body, namespace)

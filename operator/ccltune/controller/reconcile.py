@@ -22,11 +22,11 @@ from pydantic import ValidationError
 from ..api.ccltuning import CCLTuningSpec, PublishedConfigMap, TaskResult, TopologySummary
 from ..api.cluster import ClusterTopology
 from ..api.common import API_GROUP, API_VERSION
-from ..api.errors import one_line
+from ..api.errors import InputError, one_line
 from ..api.nodetopology import NodeTopology
 from ..api.plan import Plan
 from ..workload import Workload
-from . import daemonset, healing, jobs, logs, metrics, topology
+from . import benchmarkrun, daemonset, healing, jobs, logs, metrics, topology
 from .config import OperatorConfig
 from .kube import ApiError, KubeClient
 from .planqueue import PlanQueue
@@ -117,7 +117,8 @@ async def write_status(ctx: Context, body: dict[str, Any], book: StatusBook) -> 
     _ready_set(meta, ctx_ready)
 
 
-_QUIET = {"NotRequested", "WaitingForNodeReports", "Planning", "PlanJobRunning", "ReprobeRequested"}
+_QUIET = {"NotRequested", "WaitingForNodeReports", "Planning", "PlanJobRunning", "ReprobeRequested",
+          "BenchmarkRunning"}
 _ready_names: set[tuple[str, str]] = set()
 
 
@@ -177,7 +178,7 @@ async def _reconcile(ctx: Context, body: dict[str, Any], book: StatusBook, *, st
     except ValidationError as exc:
         message = one_line(exc, "spec")
         book.set("Ready", "False", "InvalidSpec", message)
-        book.status.message = message
+        book.status.message = message[:1024]  # every problem is named: the list can be long
         raise Stop(f"invalid spec: {message}") from None
 
     action = await daemonset.sync(ctx.client, ctx.cfg)
@@ -189,13 +190,44 @@ async def _reconcile(ctx: Context, body: dict[str, Any], book: StatusBook, *, st
         cluster = await _cluster(ctx, body, spec, book, started)
 
     work = _preflight(ctx, spec, cluster, book)
-    input_digest = jobs.input_hash(jobs.plan_input(spec, cluster, name=name), ns)
+    profiles = await _profiles(ctx, body, spec, cluster, book)
+    files = profiles.files if profiles is not None else None
+    input_digest = jobs.input_hash(jobs.plan_input(spec, cluster, name=name, profiles=files), ns)
     if await _up_to_date(ctx, body, spec, input_digest, book):
         _ready_set(meta, True)
         return  # e.g. an operator restart: same inputs, same plan, nothing to redo
-    plan = await _plan(ctx, body, spec, cluster, work, book, logger)
+    plan = await _plan(ctx, body, spec, cluster, work, book, logger, files)
     await _publish(ctx, body, spec, plan, book, input_digest)
+    _measured(book, profiles)
     await write_status(ctx, body, book)
+
+
+async def _profiles(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
+                    book: StatusBook) -> benchmarkrun.Profiles | None:
+    """Measured profiles (profiler live or replay) or None to tune on the simulator."""
+    opts = spec.tuning
+    if not opts.enabled or opts.profiler == "simulated":
+        return None
+    try:
+        return await benchmarkrun.measured_profiles(ctx.client, ctx.cfg, body, spec, cluster)
+    except benchmarkrun.NotYet as exc:
+        running = exc.reason == "BenchmarkRunning"
+        book.set("Tuned", "Unknown" if running else "False", exc.reason, exc.message[:1024])
+        book.set("Ready", "False", exc.reason, exc.message[:1024])
+        book.status.message = exc.message[:1024]
+        raise Stop(exc.message, delay=exc.delay) from None
+
+
+def _measured(book: StatusBook, profiles: benchmarkrun.Profiles | None) -> None:
+    """Say where measured numbers came from: the run's Job and time, and what is missing."""
+    book.status.measurement = None if profiles is None else profiles.record
+    tuned = book.condition("Tuned")
+    if profiles is None or tuned is None:
+        return
+    rec = profiles.record
+    where = f"measured by {rec.job or 'ConfigMap ' + rec.config_map} at {rec.measured_at or 'unknown time'}"
+    missing = f"; {rec.missing_points} point(s) timed out or failed (missing, not zero)" if rec.missing_points else ""
+    book.set("Tuned", tuned.status, tuned.reason, f"{tuned.message}; {where}{missing}"[:1024])
 
 
 async def _cluster(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, book: StatusBook,
@@ -240,14 +272,15 @@ async def _cluster(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, book
         book.set("TopologyReady", "False", "TopologyBuilderUnavailable", str(exc))
         book.set("Ready", "False", "TopologyBuilderUnavailable", str(exc))
         raise Stop(str(exc)) from None
-    except (ValueError, ValidationError) as exc:
+    except (InputError, ValidationError) as exc:
         message = one_line(exc) if isinstance(exc, ValidationError) else str(exc)
         book.set("TopologyReady", "False", "InvalidTopology", message)
         book.set("Ready", "False", "InvalidTopology", message)
         raise Stop(message) from None
     ctx.inputs[key] = {n: report_hash(r) for n, r in used.items()}
+    warned = "".join(f"; warning: {w}" for w in topology.caveats(parsed, cluster))
     book.set("TopologyReady", "True", "NodeReportsComplete",
-             f"{len(targets)} node(s): {topology.describe(cluster)}"[:1024])
+             f"{len(targets)} node(s): {topology.describe(cluster)}{warned}"[:1024])
     book.status.topology = TopologySummary(
         nodes=cluster.node_count, gpus=cluster.world_size, gpu_model=cluster.gpu_model[:256],
         dimensions=topology.describe(cluster)[:256], symmetric=cluster.dimensions is not None)
@@ -332,12 +365,11 @@ async def _up_to_date(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, i
 
 def _preflight(ctx: Context, spec: CCLTuningSpec, cluster: ClusterTopology, book: StatusBook) -> Workload:
     """Everything the planner would reject, and the hard limits, before any planning work."""
-    from ..pipeline import PlanError
     from ..workload import preflight
 
     try:
         _keys, work = preflight(spec, cluster)
-    except PlanError as exc:
+    except InputError as exc:
         _plan_failed(book, spec, "InvalidSpec", str(exc))
         raise Stop(str(exc)) from None
     too_big = jobs.over_limit(work, ctx.cfg)
@@ -348,10 +380,8 @@ def _preflight(ctx: Context, spec: CCLTuningSpec, cluster: ClusterTopology, book
 
 
 async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
-                work: Workload, book: StatusBook, logger: Any) -> Plan:
+                work: Workload, book: StatusBook, logger: Any, profiles: dict[str, str] | None = None) -> Plan:
     meta = body["metadata"]
-    from ..pipeline import PlanError, build_plan
-
     why = jobs.needs_job(spec, cluster, work, ctx.cfg)
     if why is None:
         queue = ctx.queue()
@@ -363,24 +393,24 @@ async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster
         try:
             async with queue.slot((meta["namespace"], meta["name"]), work.units):
                 t0 = time.monotonic()
-                plan = await asyncio.to_thread(build_plan, spec, cluster, name=meta["name"])
-        except PlanError as exc:
+                plan = await asyncio.to_thread(jobs.plan_with_profiles, spec, cluster, meta["name"], profiles)
+        except InputError as exc:
             _plan_failed(book, spec, "InvalidSpec", str(exc))
             raise Stop(str(exc)) from None
-        except Exception as exc:
+        except Exception as exc:  # a bug of ours, never the spec's fault
             logger.exception("planning failed")
-            _plan_failed(book, spec, "PlanFailed", f"{type(exc).__name__}: {exc}")
+            _plan_failed(book, spec, "InternalError", f"internal error (a ccltune bug): {type(exc).__name__}: {exc}")
             raise Stop(str(exc)) from None
         metrics.PLAN_SECONDS.labels("operator").observe(time.monotonic() - t0)
         return plan
-    return await _plan_in_job(ctx, body, spec, cluster, book, why)
+    return await _plan_in_job(ctx, body, spec, cluster, book, why, profiles)
 
 
 async def _plan_in_job(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
-                       book: StatusBook, why: str) -> Plan:
+                       book: StatusBook, why: str, profiles: dict[str, str] | None = None) -> Plan:
     meta = body["metadata"]
     ns, jns = meta["namespace"], ctx.cfg.namespace
-    payload = jobs.plan_input(spec, cluster, name=meta["name"])
+    payload = jobs.plan_input(spec, cluster, name=meta["name"], profiles=profiles)
     names = jobs.JobNames(jobs.input_hash(payload, ns))
     result = await ctx.client.get("v1", "configmaps", names.result, jns)
     if result is not None:

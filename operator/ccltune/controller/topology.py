@@ -24,6 +24,15 @@ def build_cluster(reports: list[NodeTopology], nodes: dict[str, dict[str, Any]],
     return cluster
 
 
+def caveats(reports: list[NodeTopology], cluster: ClusterTopology) -> list[str]:
+    """Shapes that plan but cost at run time (odd GPU counts, mixed GPU models), one line each."""
+    from ..topology.shape_warnings import mixed_gpu_models, shape_warnings
+
+    models = {r.spec.node_name: g.name for r in reports for g in r.spec.gpus[:1]}
+    mixed = mixed_gpu_models(models)
+    return shape_warnings(cluster) + ([mixed] if mixed else [])
+
+
 def describe(cluster: ClusterTopology) -> str:
     try:
         from ..topology.export import describe as _describe

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..api.cluster import ClusterTopology, DeviceKind, LinkKind
 from ..api.common import Collective
+from ..api.errors import InternalError
 from .cost import NCCL_STEPS
 from .ir import Schedule, ScheduleArrays
 from .translations import Translations
@@ -44,7 +45,7 @@ from .translations import Translations
 IN_FLIGHT = NCCL_STEPS // (NCCL_STEPS // 2)  # chunks in flight per connection (see above)
 
 
-class BaselineError(ValueError):
+class BaselineError(InternalError):
     """The algorithm does not exist for the collective, or the parameters are out of range."""
 
 

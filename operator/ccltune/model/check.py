@@ -21,10 +21,11 @@ from collections import deque
 from collections.abc import Callable
 
 from ..api.common import Collective
+from ..api.errors import InternalError
 from .ir import Schedule
 
 
-class ScheduleError(ValueError):
+class ScheduleError(InternalError):
     """The schedule does not implement its collective; the message names transfer/rank/chunk."""
 
 

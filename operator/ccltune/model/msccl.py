@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..api.common import Collective
+from ..api.errors import InternalError
 from .check import ScheduleError, check_schedule, topological_order
 from .ir import Schedule
 from .msccl_limits import (
@@ -65,7 +66,7 @@ STEP_ATTRS = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid
 Loc = tuple[str, int]  # (buffer "i"/"o"/"s", chunk offset)
 
 
-class MscclFormatError(ValueError):
+class MscclFormatError(InternalError):
     """Malformed or unsupported MSCCL XML, or a schedule the executor's limits cannot hold."""
 
 

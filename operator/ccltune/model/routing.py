@@ -17,10 +17,11 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..api.cluster import ClusterTopology, DeviceKind
+from ..api.errors import InternalError
 from .arrays import sorted_unique
 
 
-class RoutingError(ValueError):
+class RoutingError(InternalError):
     """Two ranks cannot reach each other, or a rank has no device in the topology."""
 
 
@@ -80,6 +81,7 @@ class Router:
         self._out_ptr = np.searchsorted(self.chan_src[order], np.arange(nvert + 1))
         self._trees: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._paths: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._behind: dict[int, set[int]] = {}
         nic = np.zeros(nvert, dtype=bool)
         for dev in topo.devices:
             if dev.kind == DeviceKind.NIC:
@@ -207,8 +209,14 @@ class Router:
         rev: list[int] = []
         hop = 0
         prefer = {int(self.home_nic[v]), int(self.home_nic[s])} - {-1}
+        via_home = self._behind_home_nic(src)
         while v != s:
             cands = tch[ptr[v] : ptr[v + 1]].tolist()
+            # Past the source's NIC (rail and spine switches) keep to routes that leave by it: the
+            # NIC a channel uses is NCCL's choice (graph->inter), not a hash at the spine.
+            behind = [c for c in cands if int(self.chan_src[c]) in via_home]
+            if behind:
+                cands = behind
             own = [c for c in cands if int(self.chan_src[c]) in prefer] if len(cands) > 1 else []
             if len(own) == 1:
                 c = own[0]
@@ -220,6 +228,29 @@ class Router:
         result = tuple(reversed(rev))
         self._paths[key] = result
         return result
+
+    def _behind_home_nic(self, src: int) -> set[int]:
+        """Vertices that shortest routes from `src` reach through its home NIC (incl. the NIC)."""
+        cached = self._behind.get(src)
+        if cached is not None:
+            return cached
+        nic = int(self.home_nic[self._vertex(src)])
+        ptr, tch = self._tree(src)
+        if nic < 0 or ptr[nic] == ptr[nic + 1]:
+            self._behind[src] = set()
+            return self._behind[src]
+        children: dict[int, list[int]] = {}
+        for c in tch.tolist():
+            children.setdefault(int(self.chan_src[c]), []).append(int(self.chan_dst[c]))
+        seen, todo = {nic}, [nic]
+        while todo:
+            u = todo.pop()
+            for w in children.get(u, []):
+                if w not in seen and not self.is_gpu[w]:
+                    seen.add(w)
+                    todo.append(w)
+        self._behind[src] = seen
+        return seen
 
     def path_latency(self, src: int, dst: int) -> float:
         return float(sum(self.latency[c] for c in self.path(src, dst)))

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..api.cluster import ClusterTopology
 from ..api.common import Source
+from ..api.errors import InternalError
 from .arrays import sorted_unique
 from .cost import SIMPLE, ProtocolCost
 from .ir import Schedule, ScheduleArrays
@@ -52,7 +53,7 @@ _QUOTIENT_BATCH_MIN = 200
 _TOL = 1e-12  # relative: events this close are one instant in the batch engine
 
 
-class SimulationError(ValueError):
+class SimulationError(InternalError):
     """The schedule cannot run: bad sizes, ranks or deps, or a dependency cycle (deadlock)."""
 
 

@@ -1,12 +1,21 @@
-"""report.md and report.json: nccl-tests-style tables that say where every number came from."""
+"""report.json and report.md: nccl-tests-style tables that say where every number came from.
+
+report.json is the source of every rendering (report.md, report.html, plots): `ccltune report DIR`
+re-renders them from it without re-planning.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from pydantic import ValidationError
 
 from ..api.common import format_size
-from ..api.plan import Plan, PlanTask
+from ..api.errors import InputError
+from ..api.plan import Plan, PlanTask, TaskKey
 
 RUNTIME_LINE = {
     "nccl": "stock NCCL (no MSCCL: every row is NCCL's own choice or a tuner-table row)",
@@ -14,12 +23,16 @@ RUNTIME_LINE = {
     "rccl": "RCCL (MSCCL built in; RCCL_MSCCL_FORCE_ENABLE set when files are published)",
 }
 
+# What a chosen row is, for plots and legends: NCCL's own choice, tuned NCCL, or an MSCCL file.
+DEFAULT, TUNED, SYNTHESIZED = "default", "tuned", "synthesized"
+
 
 @dataclass(frozen=True)
 class Row:
     size: int
     default_time_us: float
     default_busbw_gbps: float
+    default_source: str
     time_us: float
     algbw_gbps: float
     busbw_gbps: float
@@ -30,6 +43,13 @@ class Row:
     default_choice: str
     choice: str
     realized_by: str  # what makes the runtime do it: NCCL default, tuner row N, msccl/<file>
+    category: str  # DEFAULT, TUNED or SYNTHESIZED
+
+
+def _category(kind: str, realized_by: str) -> str:
+    if kind == "msccl" or realized_by.startswith("msccl/"):
+        return SYNTHESIZED
+    return DEFAULT if realized_by == "NCCL default" else TUNED
 
 
 def task_rows(task: PlanTask) -> list[Row]:
@@ -37,11 +57,13 @@ def task_rows(task: PlanTask) -> list[Row]:
     for d, c in zip(task.default_estimates, task.chosen_estimates, strict=True):
         choice = c.choice or task.chosen
         bound_busbw = None if c.bound_us is None else c.busbw_gbps * c.time_us / c.bound_us
+        realized_by = choice.realized_by or "NCCL default"
         rows.append(
             Row(
                 size=d.size_bytes,
                 default_time_us=round(d.time_us, 3),
                 default_busbw_gbps=round(d.busbw_gbps, 3),
+                default_source=str(d.source),
                 time_us=round(c.time_us, 3),
                 algbw_gbps=round(c.algbw_gbps, 3),
                 busbw_gbps=round(c.busbw_gbps, 3),
@@ -51,86 +73,226 @@ def task_rows(task: PlanTask) -> list[Row]:
                 source=str(c.source),
                 default_choice=(d.choice or task.default).describe(),
                 choice=choice.describe(),
-                realized_by=choice.realized_by or "NCCL default",
+                realized_by=realized_by,
+                category=_category(choice.kind, realized_by),
             )
         )
     return rows
 
 
-def render_report_md(plan: Plan, topology_line: str) -> str:
+@dataclass(frozen=True)
+class ReportTask:
+    key: TaskKey
+    default: dict[str, Any]  # Choice.wire()
+    chosen: dict[str, Any]
+    trials: int | None
+    notes: list[str]
+    rows: list[Row]
+
+    @property
+    def title(self) -> str:
+        k = self.key
+        return f"{k.collective} · {k.role} · {k.ranks} ranks on {k.nodes} node(s)"
+
+    @property
+    def slug(self) -> str:
+        """A file-name stem unique within a plan once prefixed by the task's index."""
+        k = self.key
+        return f"{k.collective}-{k.role}-{k.ranks}r{k.nodes}n"
+
+
+@dataclass(frozen=True)
+class Report:
+    plan: str
+    cluster: str
+    runtime: str
+    topology: str
+    world_size: int
+    nodes: int
+    env: dict[str, str]
+    tasks: list[ReportTask]
+    notes: list[str]
+
+
+def build_report(plan: Plan, topology_line: str) -> Report:
+    return Report(
+        plan=plan.name, cluster=plan.cluster, runtime=plan.runtime, topology=topology_line,
+        world_size=plan.world_size, nodes=plan.nodes, env=dict(plan.env), notes=list(plan.notes),
+        tasks=[ReportTask(key=t.key, default=t.default.wire(), chosen=t.chosen.wire(),
+                          trials=t.trials, notes=list(t.notes), rows=task_rows(t))
+               for t in plan.tasks],
+    )  # fmt: skip
+
+
+def report_json(report: Report) -> str:
+    body = {
+        "plan": report.plan,
+        "cluster": report.cluster,
+        "runtime": report.runtime,
+        "topology": report.topology,
+        "worldSize": report.world_size,
+        "nodes": report.nodes,
+        "env": report.env,
+        "tasks": [
+            {"key": t.key.wire(), "default": t.default, "chosen": t.chosen, "trials": t.trials,
+             "notes": t.notes, "rows": [asdict(r) for r in t.rows]}
+            for t in report.tasks
+        ],
+        "notes": report.notes,
+    }  # fmt: skip
+    return json.dumps(body, indent=1, sort_keys=True) + "\n"
+
+
+_ROW_FIELDS = {f.name for f in fields(Row)}
+
+
+def parse_report_json(text: str, where: str = "report.json") -> Report:
+    """A Report from report.json; InputError naming the field for anything malformed."""
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{where}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    path = where
+    try:
+        tasks = []
+        for i, t in enumerate(body["tasks"]):
+            path = f"{where}: tasks[{i}]"
+            rows = []
+            for j, r in enumerate(t["rows"]):
+                path = f"{where}: tasks[{i}].rows[{j}]"
+                missing = sorted(_ROW_FIELDS - set(r))
+                if missing:
+                    raise KeyError(", ".join(missing))
+                rows.append(Row(**{k: r[k] for k in _ROW_FIELDS}))
+            path = f"{where}: tasks[{i}].key"
+            tasks.append(ReportTask(key=TaskKey.model_validate(t["key"]), default=t["default"],
+                                    chosen=t["chosen"], trials=t.get("trials"),
+                                    notes=list(t.get("notes") or []), rows=rows))  # fmt: skip
+        path = where
+        return Report(
+            plan=str(body["plan"]), cluster=str(body["cluster"]), runtime=str(body["runtime"]),
+            topology=str(body["topology"]), world_size=int(body["worldSize"]),
+            nodes=int(body["nodes"]), env=dict(body.get("env") or {}), tasks=tasks,
+            notes=list(body.get("notes") or []),
+        )  # fmt: skip
+    except KeyError as exc:
+        raise InputError(f"{path}: missing field {exc.args[0]}") from None
+    except (TypeError, ValidationError) as exc:
+        first = str(exc).splitlines()[0]
+        raise InputError(f"{path}: malformed ({first})") from None
+
+
+# Characters Markdown (CommonMark + GFM tables) gives a meaning to inside a table cell.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~!&])")
+
+
+def md_cell(text: str) -> str:
+    """A table cell that renders as the literal text: no column break, emphasis, link or HTML."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(text.split()))
+
+
+def schedule_tags(task: ReportTask) -> dict[str, str]:
+    """Synthesized schedules' labels are long: tables name them `msccl#N`, a legend follows."""
+    tags: dict[str, str] = {}
+    for r in task.rows:
+        if r.category == SYNTHESIZED:
+            tags.setdefault(r.realized_by, f"msccl#{len(tags) + 1}")
+    return tags
+
+
+PLOTS_DIR = "plots"
+SUMMARY_PLOT = f"{PLOTS_DIR}/speedup.svg"
+
+
+def plot_path(index: int, task: ReportTask) -> str:
+    return f"{PLOTS_DIR}/{index + 1:02d}-{task.slug}.svg"
+
+INTRO = [
+    "Times are per operation in microseconds; algbw = size / time; busbw = algbw x the",
+    "nccl-tests factor of the collective, so numbers compare with nccl-tests output. The bound",
+    "is ccltune's lower bound on time under the same cost model. Source says where each",
+    "number came from (simulated: ccltune's event simulator; replayed: a measured table;",
+    "measured: a live run). Realized by names what makes the runtime do the chosen row:",
+    "NCCL's own choice, a row of the tuner table, an MSCCL file, or nccl.conf's process-wide",
+    "settings (docs/runtimes.md).",
+]
+
+TABLE_HEADER = ["size", "NCCL default", "default µs", "default busbw", "chosen", "chosen µs",
+                "algbw GB/s", "busbw GB/s", "bound busbw", "% of bound", "speedup", "source",
+                "realized by"]  # fmt: skip
+TABLE_ALIGN = ["---:", "---", "---:", "---:", "---", "---:", "---:", "---:", "---:", "---:",
+               "---:", "---", "---"]  # fmt: skip
+
+
+def table_cells(task: ReportTask) -> list[list[str]]:
+    """One list of plain-text cells per row, in TABLE_HEADER order (Markdown and HTML share it)."""
+    tags = schedule_tags(task)
+    out = []
+    for r in task.rows:
+        tag = tags.get(r.realized_by)
+        out.append([
+            format_size(r.size), r.default_choice, f"{r.default_time_us:.2f}",
+            f"{r.default_busbw_gbps:.2f}", tag or r.choice, f"{r.time_us:.2f}",
+            f"{r.algbw_gbps:.2f}", f"{r.busbw_gbps:.2f}",
+            "" if r.bound_busbw_gbps is None else f"{r.bound_busbw_gbps:.2f}",
+            "" if r.pct_of_bound is None else f"{r.pct_of_bound:.1f}%",
+            f"{r.speedup:.2f}x",
+            r.source if r.source == r.default_source else f"{r.source} (default: {r.default_source})",
+            r.realized_by,
+        ])  # fmt: skip
+    return out
+
+
+def legend_lines(task: ReportTask) -> list[tuple[str, str, str]]:
+    """(tag, file, full label) for every synthesized schedule a task's table names by tag."""
+    labels = {r.realized_by: r.choice for r in task.rows if r.category == SYNTHESIZED}
+    return [(tag, path, labels[path]) for path, tag in schedule_tags(task).items()]
+
+
+def render_md(report: Report) -> str:
     out = [
-        f"# ccltune plan `{plan.name}`",
+        f"# ccltune plan `{md_cell(report.plan)}`",
         "",
-        f"Cluster `{plan.cluster}`: {topology_line}",
+        f"Cluster `{report.cluster}`: {md_cell(report.topology)}",
         "",
-        "Times are per operation in microseconds; algbw = size / time; busbw = algbw x the",
-        "nccl-tests factor of the collective, so numbers compare with nccl-tests output. The bound",
-        "is ccltune's lower bound on time under the same cost model. Source says where each",
-        "number came from (simulated: ccltune's event simulator; replayed: a measured table;",
-        "measured: a live run). Realized by names what makes the runtime do the chosen row:",
-        "NCCL's own choice, a row of the tuner table, an MSCCL file, or nccl.conf's process-wide",
-        "settings (docs/runtimes.md).",
+        *INTRO,
         "",
-        f"Runtime: {RUNTIME_LINE.get(plan.runtime, plan.runtime)}.",
+        f"Runtime: {RUNTIME_LINE.get(report.runtime, report.runtime)}.",
+        "",
+        f"![speedup over NCCL's default per task]({SUMMARY_PLOT})",
         "",
     ]
-    for task in plan.tasks:
+    for index, task in enumerate(report.tasks):
         key = task.key
         out += [
-            f"## {key.collective} · {key.role} · {key.ranks} ranks on {key.nodes} node(s)",
+            f"## {task.title}",
             "",
             f"Size range {format_size(key.min_bytes)} to {format_size(key.max_bytes)}"
             + (f" · {task.trials} tuning trials" if task.trials else ""),
             "",
-            "| size | NCCL default | default µs | default busbw | chosen | chosen µs | algbw GB/s "
-            "| busbw GB/s | bound busbw | % of bound | speedup | source | realized by |",
-            "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
+            f"![busbw against message size: {md_cell(task.title)}]({plot_path(index, task)})",
+            "",
+            "| " + " | ".join(TABLE_HEADER) + " |",
+            "|" + "|".join(TABLE_ALIGN) + "|",
+            *("| " + " | ".join(md_cell(c) for c in cells) + " |" for cells in table_cells(task)),
         ]
-        for r in task_rows(task):
-            bound = "" if r.bound_busbw_gbps is None else f"{r.bound_busbw_gbps:.2f}"
-            pct = "" if r.pct_of_bound is None else f"{r.pct_of_bound:.1f}%"
-            out.append(
-                f"| {format_size(r.size)} | {r.default_choice} | {r.default_time_us:.2f} "
-                f"| {r.default_busbw_gbps:.2f} | {r.choice} | {r.time_us:.2f} | {r.algbw_gbps:.2f} | {r.busbw_gbps:.2f} | {bound} | {pct} "
-                f"| {r.speedup:.2f}x | {r.source} | {r.realized_by} |"
-            )
+        legend = legend_lines(task)
+        if legend:
+            out += ["", *(f"- **{tag}** = `{path}`: {md_cell(label)}" for tag, path, label in legend)]
         for note in task.notes:
-            out.append(f"\n> {note}")
+            out += ["", f"> {md_cell(note)}"]
         out.append("")
-    if plan.env:
-        out += [
-            "## NCCL settings",
-            "",
-            "```",
-            *[f"{k}={v}" for k, v in sorted(plan.env.items())],
-            "```",
-            "",
-        ]
-    if plan.notes:
-        out += ["## Notes", "", *[f"- {n}" for n in plan.notes], ""]
+    if report.env:
+        out += ["## NCCL settings", "", "```",
+                *[f"{k}={v}" for k, v in sorted(report.env.items())], "```", ""]  # fmt: skip
+    if report.notes:
+        out += ["## Notes", "", *[f"- {md_cell(n)}" for n in report.notes], ""]
     return "\n".join(out)
 
 
+def render_report_md(plan: Plan, topology_line: str) -> str:
+    return render_md(build_report(plan, topology_line))
+
+
 def render_report_json(plan: Plan, topology_line: str) -> str:
-    body = {
-        "plan": plan.name,
-        "cluster": plan.cluster,
-        "runtime": plan.runtime,
-        "topology": topology_line,
-        "worldSize": plan.world_size,
-        "nodes": plan.nodes,
-        "env": plan.env,
-        "tasks": [
-            {
-                "key": task.key.wire(),
-                "default": task.default.wire(),
-                "chosen": task.chosen.wire(),
-                "trials": task.trials,
-                "notes": task.notes,
-                "rows": [asdict(r) for r in task_rows(task)],
-            }
-            for task in plan.tasks
-        ],
-        "notes": plan.notes,
-    }
-    return json.dumps(body, indent=1, sort_keys=True) + "\n"
+    return report_json(build_report(plan, topology_line))

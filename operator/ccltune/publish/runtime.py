@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..api.ccltuning import PublishOptions
+from ..api.errors import InputError
 
 # The NCCL a runtime ships when the spec names none. msccl: its fork base is 2.23.4. nccl, rccl:
 # 2.24 is the oldest release ccltune plans for by default (per-collective syntax, tuner ABI v3+).
@@ -36,7 +37,7 @@ DTYPE_BYTES = 2
 RCCL_MSCCL_ENV = {"RCCL_MSCCL_ENABLE": "1", "RCCL_MSCCL_FORCE_ENABLE": "1"}
 
 
-class RuntimeMismatch(ValueError):
+class RuntimeMismatch(InputError):
     """The spec asks a runtime for something it cannot do; the message names the field."""
 
 

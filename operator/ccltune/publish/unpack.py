@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
+from ..api.errors import InputError
+
 PACKING = "gzip"
 # Linux caps one argv string at 128 KiB (MAX_ARG_STRLEN); the index travels as one argument.
 MAX_INDEX_BYTES = 96 * 1024
@@ -29,7 +31,7 @@ _INFLATE_BLOCK = 1 << 20  # bytes of output per step: repetitive XML inflates 20
 Read = Callable[[str], bytes | None]  # an entry's bytes by key; None when it is not there
 
 
-class UnpackError(ValueError):
+class UnpackError(InputError):
     """One line naming the file and what is wrong with it."""
 
 

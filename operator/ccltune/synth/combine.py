@@ -21,6 +21,7 @@ import numpy as np
 
 from ..api.common import Collective
 from . import assemble as asm
+from .quiet import new_highs
 from .sketch import Sketch
 
 # Fixed cost of one transfer step for ranking only (the simulator uses the protocol's own).
@@ -76,7 +77,7 @@ def _chunk_fraction(coll: Collective, n: int) -> float:
 def _lp(rows: list[list[float]]) -> list[float]:
     """min z s.t. sum_i w_i rows[p][i] <= z, sum w = 1, w >= 0."""
     m = len(rows[0])
-    h = highspy.Highs()
+    h = new_highs()
     h.setOptionValue("output_flag", False)
     inf = highspy.kHighsInf
     h.addVars(m + 1, np.zeros(m + 1), np.full(m + 1, inf))

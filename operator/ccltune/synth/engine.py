@@ -10,15 +10,17 @@
    with the same simulator) wins; equal neighbours merge into size ranges;
 5. output: one MSCCL XML per synthesized range, checked by model.check before it is written.
 
-Every variant is fitted to msccl-executor-nccl before it is evaluated (`_fit`): its channels are
-folded until each GPU needs at most the SM budget's threadblocks, and it is dropped (with a note)
-when a threadblock would need more steps than the executor holds or a rank's part of the file
-more XML nodes. At each size only variants the executor would select there are tried: chunks per
-rank must divide every size a framework calls (model/msccl_limits.py).
+Every variant is fitted to msccl-executor-nccl (`_deals`): its channels are dealt so that each
+GPU needs at most the SM budget's threadblocks; a variant is lowered exactly when it would be
+used, and dropped (with a note) when a threadblock would need more steps than the executor holds
+or a rank's part of the file more XML nodes. At each size only variants the executor would
+select there are tried: chunks per rank must divide every size a framework calls
+(model/msccl_limits.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -54,6 +56,10 @@ MAX_CHUNKS = 32  # chunks per root in a pipelined variant (transfers grow with i
 # Above 64 ranks a 512-rank variant holds ~0.26M transfers per chunk of a root.
 MAX_CHUNKS_LARGE = 48
 MAX_CHUNKS_SMALL = 8
+# Branch-and-bound nodes per sub-demand MILP. Work limits, not the time budget, bound the solves,
+# so the same request gives the same patterns on any machine (the budget only cuts evaluation).
+COARSE_NODES = 500
+FINE_NODES = 2000
 
 
 def _protocols(size: int) -> tuple[str, ...]:
@@ -162,12 +168,12 @@ def synthesize(
     fab = asm.Fabric(dims)
     sketches, stats = search(dims, relays=True)
     result.stats = stats
-    say(f"{stats.kept} sketches after pruning ({stats.raw} raw)", 0.05)
+    say(f"{stats.kept} sketches after pruning ({stats.raw} raw, estimated by formula)", 0.05)
 
     # Coarse step.
     t0 = time.perf_counter()
     symmetric = coll != Collective.BROADCAST
-    coarse = _solve(dims, sketches, symmetric, 1, coll, workers, clock, time_limit=0.5)
+    coarse = _solve(dims, sketches, symmetric, 1, coll, workers, COARSE_NODES)
     result.timings["coarse_s"] = time.perf_counter() - t0
     say(f"coarse: {len(coarse)} distinct sub-demands solved", 0.2)
     cands = candidates(fab, coll, sketches, asm.Patterns(coarse), sizes, root=root, top_k=top_k)
@@ -178,9 +184,8 @@ def synthesize(
     fine_pieces = 4 if coll == Collective.BROADCAST else 2
     kept = sorted({c.sketch for cand in cands for c in cand.columns}, key=str)
     fine: dict[tuple[object, ...], SubSchedule] = {}
-    if coll != Collective.ALLTOALL and not clock.out():
-        fine = _solve(dims, kept, symmetric, fine_pieces, coll, workers, clock,
-                      time_limit=min(2.0, max(0.1, clock.left() / 10)))  # fmt: skip
+    if coll != Collective.ALLTOALL:
+        fine = _solve(dims, kept, symmetric, fine_pieces, coll, workers, FINE_NODES)
     result.timings["fine_s"] = time.perf_counter() - t1
     solved = {**coarse, **fine}
     result.subschedules = list(solved.values())
@@ -199,6 +204,7 @@ def synthesize(
     budget = result.max_threadblocks
     dropped: list[str] = []
     least = 0  # threadblocks per GPU the leanest variant needs
+    deals_of: dict[str, list[ScheduleArrays]] = {}  # channel deals that may fit, best first
     for cand in cands:
         nblocks = sum(c.blocks for c in cand.columns)
         if nblocks & (nblocks - 1):
@@ -219,21 +225,37 @@ def synthesize(
             label = f"{cand.label}/p{pieces}x{depth}"
             deep = Candidate(cand.label, [asm.Column(c.sketch, c.blocks * depth)
                                           for c in cand.columns], 0.0, 0.0)  # fmt: skip
-            fitted, why, need = _fit(fab, _build(fab, coll, deep, patterns, pieces, root, label),
-                                     budget)  # fmt: skip
+            deals, why, need = _deals(fab, _build(fab, coll, deep, patterns, pieces, root,
+                                                  label), budget)  # fmt: skip
             least = min(least or need, need)
-            if fitted is None:
+            if not deals:
                 dropped.append(f"{label}: {why}")
                 continue
-            variants.append((label, fitted))
+            deals_of[label] = deals
+            variants.append((label, deals[0]))
     result.timings["assemble_s"] = time.perf_counter() - t2
-    result.schedules = dict(variants)
-    if dropped:
-        more = f"; and {len(dropped) - 3} more" if len(dropped) > 3 else ""
-        result.notes.append(
-            f"{len(dropped)} candidate schedule(s) msccl-executor-nccl could not run within "
-            f"{budget} threadblocks per GPU were dropped: {'; '.join(dropped[:3])}{more}"
-        )
+    arr_of = dict(variants)
+    result.schedules = arr_of
+    verdict: dict[str, bool] = {}
+
+    def verified(label: str) -> bool:
+        """Lowered exactly (the writer's threadblocks, steps and nops) only when needed: the
+        counts above are floors, and lowering every variant of a large fabric costs seconds."""
+        if label not in verdict:
+            verdict[label] = False
+            why = ""
+            for arr in deals_of[label]:
+                try:
+                    lower_msccl(arr.to_schedule()).require(max_threadblocks=budget)
+                except MscclFormatError as exc:
+                    why = why or str(exc)
+                    continue
+                arr_of[label], verdict[label] = arr, True
+                break
+            if not verdict[label]:
+                dropped.append(f"{label}: {why}")
+        return verdict[label]
+
     if not variants and least > budget:
         result.notes.append(
             f"no synthesized schedule fits {budget} threadblocks per GPU (NCCL's own channel "
@@ -268,12 +290,15 @@ def synthesize(
         # Variant-major, so each variant's symmetric structure is computed once (cached).
         times = [[run(arr, at, _protocols(at)[0 if at == sizes[0] else -1]) for at, _ in points]
                  for _, arr in variants]  # fmt: skip
+        # Only variants that make the cut are lowered exactly; one that does not fit gives its
+        # place to the next in line.
         for k, (_, top) in enumerate(points):
             ranked = sorted(range(len(variants)), key=lambda v: times[v][k])
-            keep += [variants[v][0] for v in ranked[:top]]
+            keep += itertools.islice((variants[v][0] for v in ranked
+                                      if verified(variants[v][0])), top)  # fmt: skip
     else:
-        keep = [v[0] for v in variants]
-    finalists = [(lb, arr) for lb, arr in variants if lb in keep]
+        keep = [v[0] for v in variants if verified(v[0])]
+    finalists = [(lb, arr_of[lb]) for lb, _ in variants if lb in keep]
     say(f"screened {len(variants)} variants -> {len(finalists)}", 0.5)
     ref_s = 0.0
     # Grid sizes (every GRID-th and the last) try every finalist; a size between two grid points
@@ -306,7 +331,9 @@ def synthesize(
             start = sel_from[v[0]]
             return start is not None and start <= at
 
-        tried = [v for v in tried if runs_at(v)] or [v for v in variants if runs_at(v)]
+        tried = [v for v in tried if runs_at(v)] or [
+            (lb, arr_of[lb]) for lb, _ in variants if runs_at((lb, arr_of[lb])) and verified(lb)
+        ]
         best: tuple[float, str, str] | None = None
         for label, arr in tried:
             for proto in _protocols(s):
@@ -320,12 +347,18 @@ def synthesize(
             winners[i] = best[1]
         say(f"evaluated {format_size(s)}", 0.5 + 0.45 * (n_done + 1) / len(sizes))
         none = ("no synthesized schedule fits msccl-executor-nccl within the SM budget (see the "
-                "notes)" if not variants else
+                "notes)" if not finalists else
                 "no synthesized candidate was evaluated (budget)" if tried else
                 "no synthesized schedule is selected by msccl-executor-nccl at this size (its "
                 "chunks per rank do not divide it)")  # fmt: skip
         picks[i] = _pick(coll, s, topo, default, best, bound, none)
     result.sizes = [picks[i] for i in range(len(sizes)) if i in picks]
+    if dropped:
+        more = f"; and {len(dropped) - 3} more" if len(dropped) > 3 else ""
+        result.notes.append(
+            f"{len(dropped)} candidate schedule(s) msccl-executor-nccl could not run within "
+            f"{budget} threadblocks per GPU were dropped: {'; '.join(dropped[:3])}{more}"
+        )
     if skipped:
         result.notes.append(
             "not simulated within the budget (the neighbouring ranges cover them): "
@@ -383,16 +416,16 @@ def _streams(arr: ScheduleArrays, chans: int) -> tuple[np.ndarray, np.ndarray]:
     return tbs.reshape(n, chans).sum(axis=1), floor
 
 
-def _fit(fab: asm.Fabric, arr: ScheduleArrays,
-         budget: int) -> tuple[ScheduleArrays | None, str, int]:  # fmt: skip
-    """`arr` with its channels dealt to fit `budget` threadblocks per GPU, or None and why not;
-    and the threadblocks it needs with one channel per peer.
+def _deals(fab: asm.Fabric, arr: ScheduleArrays,
+           budget: int) -> tuple[list[ScheduleArrays], str, int]:  # fmt: skip
+    """Channel deals of `arr` that may fit `budget` threadblocks per GPU, best first (empty:
+    why none can); and the threadblocks it needs with one channel per peer.
 
-    Two deals are tried: every peer on the most channels the budget allows (a block keeps its
-    channel modulo that, so chunk paths stay on one channel and need few cross-threadblock
-    waits), else per-peer channel counts that follow the load (assemble.spread_channels).
-    Steps per threadblock are counted from the arrays first (a floor); only a deal that may fit
-    is lowered, and the lowering decides.
+    First every peer on the most channels the budget allows (a block keeps its channel modulo
+    that, so a chunk's path stays on one channel id and few steps wait across threadblocks),
+    then per-peer channel counts that follow the load (assemble.spread_channels). Threadblocks
+    are counted exactly from the arrays, steps per threadblock as a floor (no nops); the exact
+    lowering comes later, for the variants that may be used.
     """
     least = int(_streams(arr, 1)[0].max())
     chans = min(arr.channels, MAX_CHANNELS)
@@ -400,36 +433,30 @@ def _fit(fab: asm.Fabric, arr: ScheduleArrays,
         chans -= 1
     spread, need = asm.spread_channels(fab, arr, budget)
     if spread is None:
-        return None, f"needs {need} threadblocks per GPU (one per peer)", least
+        return [], f"needs {need} threadblocks per GPU (one per peer)", least
+    out: list[ScheduleArrays] = []
     why = ""
     for dealt in (asm.fold_channels(arr, chans), spread):
         tbs, floor = _streams(dealt, dealt.channels)
         if tbs.max() > budget:
             why = why or f"needs {tbs.max()} threadblocks per GPU"
-            continue
-        if floor.max() > MAX_STEPS:
+        elif floor.max() > MAX_STEPS:
             why = why or f"needs {floor.max()}+ steps per threadblock (the limit: {MAX_STEPS})"
-            continue
-        try:
-            lower_msccl(dealt.to_schedule()).require(max_threadblocks=budget)
-        except MscclFormatError as exc:
-            why = why or str(exc)
-            continue
-        return dealt, "", least
-    return None, why, least
+        else:
+            out.append(dealt)
+    return out, why, least
 
 
 def _solve(dims: list[Dimension], sketches: list[Sketch], symmetric: bool, pieces: int,
-           coll: Collective, workers: int, clock: _Clock,
-           time_limit: float) -> dict[tuple[object, ...], SubSchedule]:  # fmt: skip
+           coll: Collective, workers: int,
+           node_limit: int) -> dict[tuple[object, ...], SubSchedule]:  # fmt: skip
     if coll == Collective.ALLTOALL:
         return {}  # scatters route along shortest paths; no sub-demand MILP (see docs)
     demands = [
         asm.stage_demand(dims, st, symmetric, pieces)
         for sk in sketches for cp in sk.copies(dims) for st in cp.stages
     ]  # fmt: skip
-    limit = time_limit if clock.left() > 0 else 0.0
-    return solve_all(demands, workers=workers, time_limit_s=limit)
+    return solve_all(demands, workers=workers, node_limit=node_limit)
 
 
 def _build(fab: asm.Fabric, coll: Collective, cand: Candidate, patterns: asm.Patterns,
@@ -554,8 +581,11 @@ def _write_xml(arr: ScheduleArrays, coll: Collective, rr: RangeResult, out_dir: 
     low = lower_msccl(sched)
     low.require(max_threadblocks=budget)
     rr.threadblocks = low.threadblocks
+    # In place too (DDP's gradient all-reduce is): the writer never writes the input, so the
+    # same steps are correct with input and output aliased (model/msccl.py), except alltoall.
     xml = low.render(name=name, proto=rr.protocol, nchannels=sched.channels, min_bytes=start,
-                     max_bytes=rr.max_bytes or None, inplace=False)  # fmt: skip
+                     max_bytes=rr.max_bytes or None,
+                     inplace=coll != Collective.ALLTOALL)  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.xml"
     path.write_text(xml, encoding="utf-8")

@@ -11,8 +11,10 @@ Symmetric mode models collective symmetry (AllGather = N broadcasts mapped by tr
 translate of the pattern runs at once, so the load of one link class (orbit under translation)
 summed over the pattern must fit one link's capacity.
 
-A greedy list schedule gives the horizon and a warm start, so a solve cut short by its time limit
-still returns a valid (greedy or better) pattern and says so in `status`.
+A greedy list schedule gives the horizon and a warm start, so a solve cut short by its work limit
+still returns a valid (greedy or better) pattern and says so in `status`. The limits count work
+(branch-and-bound nodes, simplex iterations), never seconds: one single-threaded HiGHS run with
+the same limits gives the same pattern on any machine under any load.
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ import highspy
 import numpy as np
 
 from .group import GroupTopo
+from .quiet import new_highs
 
 # Largest model (binary x variables) we hand to HiGHS; above it the greedy pattern is used.
 MAX_VARS = 12000
+# Work limits per sub-demand MILP (branch-and-bound nodes; simplex iterations over the whole
+# solve). Results depend on these counts only; the time limit is a hang guard no test reaches.
+NODE_LIMIT = 2000
+SIMPLEX_ITERATION_FACTOR = 200  # x the number of columns
+HANG_GUARD_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +69,8 @@ class SubSchedule:
     demand: SubDemand
     sends: tuple[tuple[int, int, int, int], ...]  # (epoch, piece, src, dst), group positions
     epochs: int
-    status: str  # "optimal" | "time-limit" | "greedy" | "trivial"
-    solve_s: float
+    status: str  # "optimal" | "work-limit" | "greedy" | "trivial"
+    solve_s: float  # informational: wall time spent; nothing depends on it
 
     def time_us(self, volume_bytes: float, multiplicity: float = 1.0) -> float:
         """Estimated duration when the whole sub-demand carries `volume_bytes`.
@@ -187,8 +195,9 @@ def _epochs(sends: list[Send]) -> int:
     return 1 + max(s[0] for s in sends) if sends else 0
 
 
-def solve(demand: SubDemand, *, time_limit_s: float = 2.0) -> SubSchedule:
-    """Solve one sub-demand; falls back to the greedy pattern when the MILP is too large."""
+def solve(demand: SubDemand, *, node_limit: int = NODE_LIMIT) -> SubSchedule:
+    """Solve one sub-demand with at most `node_limit` branch-and-bound nodes (0: greedy only);
+    falls back to the greedy pattern when the MILP is too large."""
     start = time.perf_counter()
     if not demand.receivers:
         return SubSchedule(demand, (), 0, "trivial", 0.0)
@@ -197,10 +206,10 @@ def solve(demand: SubDemand, *, time_limit_s: float = 2.0) -> SubSchedule:
     lower = _lower_bound(demand)
     links = demand.group.links()
     nvars = demand.pieces * len(links) * horizon
-    if horizon <= lower or nvars > MAX_VARS or time_limit_s <= 0:
+    if horizon <= lower or nvars > MAX_VARS or node_limit <= 0:
         status = "optimal" if horizon <= lower else "greedy"
         return SubSchedule(demand, tuple(warm), horizon, status, time.perf_counter() - start)
-    sends, status = _milp(demand, horizon, warm, time_limit_s)
+    sends, status = _milp(demand, horizon, warm, node_limit)
     pruned = _prune(demand, sends)
     return SubSchedule(
         demand,
@@ -228,7 +237,7 @@ def _lower_bound(demand: SubDemand) -> int:
 
 
 def _milp(
-    demand: SubDemand, horizon: int, warm: list[Send], time_limit_s: float
+    demand: SubDemand, horizon: int, warm: list[Send], node_limit: int
 ) -> tuple[list[tuple[int, int, int, int]], str]:
     k, g, T = demand.pieces, demand.group.size, horizon
     links = demand.group.links()
@@ -293,10 +302,13 @@ def _milp(
                 rows.append((1.0, inf, [yi[t], hi[(p, r, t)]], [1.0, 1.0]))
         if t < T:
             rows.append((0.0, inf, [yi[t], yi[t + 1]], [1.0, -1.0]))
-    h = highspy.Highs()
+    h = new_highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit_s))
-    h.setOptionValue("threads", 1)
+    h.setOptionValue("time_limit", HANG_GUARD_S)
+    h.setOptionValue("mip_max_nodes", int(node_limit))
+    h.setOptionValue("simplex_iteration_limit", SIMPLEX_ITERATION_FACTOR * n)
+    h.setOptionValue("threads", 1)  # HiGHS' parallel MIP is not run-to-run deterministic
+    h.setOptionValue("random_seed", 0)
     h.setOptionValue("mip_rel_gap", 0.0)
     h.addVars(n, lb, ub)
     h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
@@ -326,13 +338,16 @@ def _milp(
     h.run()
     status = h.getModelStatus()
     sol = h.getSolution()
+    # Node and iteration limits end as kSolutionLimit / kIterationLimit; a time-limit stop (the
+    # hang guard) would make the pattern depend on the machine, so it keeps the greedy one.
     if sol.value_valid and status in (
         highspy.HighsModelStatus.kOptimal,
-        highspy.HighsModelStatus.kTimeLimit,
+        highspy.HighsModelStatus.kSolutionLimit,
+        highspy.HighsModelStatus.kIterationLimit,
     ):
         col = sol.col_value
         sends = [(t, p, links[e][0], links[e][1]) for (p, e, t), i in xi.items() if col[i] > 0.5]
-        tag = "optimal" if status == highspy.HighsModelStatus.kOptimal else "time-limit"
+        tag = "optimal" if status == highspy.HighsModelStatus.kOptimal else "work-limit"
         if _valid(demand, sends):
             return sends, tag
     return list(warm), "greedy"

@@ -13,14 +13,14 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from .group import GroupTopo
-from .milp import SubDemand, SubSchedule, solve
+from .milp import NODE_LIMIT, SubDemand, SubSchedule, solve
 
 
 @dataclass(frozen=True, slots=True)
 class ShardPlan:
     demands: tuple[SubDemand, ...]  # canonical, one per isomorphism class
     shards: tuple[tuple[int, ...], ...]  # demand indices per shard
-    time_limit_s: float
+    node_limit: int  # branch-and-bound nodes per sub-demand (work, not seconds)
 
 
 def _weight(d: SubDemand) -> int:
@@ -28,7 +28,7 @@ def _weight(d: SubDemand) -> int:
 
 
 def plan_shards(
-    demands: Iterable[SubDemand], shards: int, *, time_limit_s: float = 2.0
+    demands: Iterable[SubDemand], shards: int, *, node_limit: int = NODE_LIMIT
 ) -> ShardPlan:
     """Dedupe by isomorphism class and spread the classes over `shards` (largest first)."""
     unique: dict[tuple[object, ...], SubDemand] = {}
@@ -42,13 +42,13 @@ def plan_shards(
         j = load.index(min(load))
         bins[j].append(i)
         load[j] += _weight(ds[i])
-    return ShardPlan(ds, tuple(tuple(b) for b in bins), time_limit_s)
+    return ShardPlan(ds, tuple(tuple(b) for b in bins), node_limit)
 
 
 def solve_shard(plan: ShardPlan, index: int) -> list[SubSchedule]:
     if not 0 <= index < len(plan.shards):
         raise ValueError(f"shard index {index} not in 0..{len(plan.shards) - 1}")
-    return [solve(plan.demands[i], time_limit_s=plan.time_limit_s) for i in plan.shards[index]]
+    return [solve(plan.demands[i], node_limit=plan.node_limit) for i in plan.shards[index]]
 
 
 def merge(results: Iterable[Iterable[SubSchedule]]) -> dict[tuple[object, ...], SubSchedule]:
@@ -60,10 +60,10 @@ def merge(results: Iterable[Iterable[SubSchedule]]) -> dict[tuple[object, ...], 
 
 
 def solve_all(
-    demands: Iterable[SubDemand], *, workers: int = 1, time_limit_s: float = 2.0
+    demands: Iterable[SubDemand], *, workers: int = 1, node_limit: int = NODE_LIMIT
 ) -> dict[tuple[object, ...], SubSchedule]:
     """Every distinct sub-demand solved once; `workers` > 1 uses a process pool."""
-    plan = plan_shards(demands, max(1, workers), time_limit_s=time_limit_s)
+    plan = plan_shards(demands, max(1, workers), node_limit=node_limit)
     if workers <= 1 or len(plan.shards) <= 1:
         return merge(solve_shard(plan, i) for i in range(len(plan.shards)))
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -95,7 +95,7 @@ def plan_json(plan: ShardPlan) -> str:
     return json.dumps({
         "demands": [_demand_dict(d) for d in plan.demands],
         "shards": [list(s) for s in plan.shards],
-        "timeLimitS": plan.time_limit_s,
+        "nodeLimit": plan.node_limit,
     })  # fmt: skip
 
 
@@ -104,7 +104,7 @@ def plan_from_json(text: str) -> ShardPlan:
     return ShardPlan(
         tuple(_demand_of(d) for d in x["demands"]),
         tuple(tuple(int(i) for i in s) for s in x["shards"]),
-        float(x["timeLimitS"]),
+        int(x["nodeLimit"]),
     )
 
 

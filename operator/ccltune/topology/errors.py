@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..api.errors import InputError
 
-class TopologyError(ValueError):
+
+class TopologyError(InputError):
     """Bad cluster input. The message is one line that names the file, field, line or node."""

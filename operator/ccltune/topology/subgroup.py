@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections import Counter
 
 from ..api.cluster import ClusterNode, ClusterTopology, DeviceKind
+from ..api.errors import InputError
 from .symmetry import detect
 
 
-class SubgroupError(ValueError):
+class SubgroupError(InputError):
     pass
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from ..api.errors import message, model_named
 from .errors import TopologyError
 
 Path = tuple[str | int, ...]
@@ -44,12 +45,22 @@ def _walk(node: yaml.Node, path: Path, lines: dict[Path, int]) -> None:
 
 
 def located(exc: ValidationError, data: Any, lines: dict[Path, int], source: str) -> TopologyError:
-    """One line: `file:line: field.path: message` for the first validation error."""
-    errors = exc.errors(include_url=False)
-    first = errors[0]
+    """Every problem as `file:line: field.path: message` (unknown fields with "did you mean")."""
+    root = model_named(exc.title)
+    found = [_located_one(err, data, lines, root) for err in exc.errors(include_url=False)]
+    found = list(dict.fromkeys(found))  # a union reports one problem once per branch
+    each = [f"{source}:{line}: {text}" if line else f"{source}: {text}" for line, text in found]
+    if len(found) == 1:
+        return TopologyError(each[0])
+    brief = "; ".join(f"line {line}: {text}" if line else text for line, text in found)
+    return TopologyError(f"{source}: {len(found)} problems: {brief}", each)
+
+
+def _located_one(err: Any, data: Any, lines: dict[Path, int], root: Any) -> tuple[int | None, str]:
+    """(1-based line or None, `field.path: message`)."""
     path: list[str | int] = []
     cur = data
-    for part in first["loc"]:
+    for part in err["loc"]:
         # pydantic adds union/validator tags ('int', 'list[str]', 'function-after[...]'): skip them.
         if isinstance(cur, dict) and part in cur:  # noqa: SIM114  (split for mypy's narrowing)
             path.append(part)
@@ -70,11 +81,4 @@ def located(exc: ValidationError, data: Any, lines: dict[Path, int], source: str
     dotted = ""
     for part in path:
         dotted += f"[{part}]" if isinstance(part, int) else (f".{part}" if dotted else str(part))
-    message = str(first["msg"]).removeprefix("Value error, ")
-    if first["type"] == "missing":
-        message = "required field is missing"
-    elif first["type"] == "extra_forbidden":
-        message = "unknown field"
-    where = f"{source}:{line}" if line else source
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return TopologyError(f"{where}: {dotted or '(root)'}: {message}{more}")
+    return line, f"{dotted or '(root)'}: {message(err, root)}"

@@ -45,6 +45,7 @@ from .space import (
     Impl,
     TaskSpace,
     invalid_reason,
+    is_msccl,
 )
 
 
@@ -188,7 +189,9 @@ def nccl_prior(collective: Collective, size: int, facts: FabricFacts, space: Tas
 
     Deliberately not the simulated surface: the benchmarks measure the searchers against it."""
     nc0 = default_channels(facts)
-    predicted = {s.impl: static_time_us(collective, size, s.impl, facts, nc0) for s in space.subspaces}
+    # MSCCL variants are not in NCCL's model: no prediction, so visit_order never prunes them.
+    predicted = {s.impl: static_time_us(collective, size, s.impl, facts, nc0) for s in space.subspaces
+                 if not is_msccl(s.impl.algorithm)}
     return Prior(predicted, "NCCL static model (tuning.cc tables)")
 
 

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from ..api.cluster import ClusterTopology, DeviceKind, LinkKind
+from ..api.errors import InputError
 
 # GPU generation by model name. NVLink SHARP (NVLS) arrived with third-generation NVSwitch on
 # Hopper (NVIDIA H100 / NCCL 2.17 release notes); Blackwell keeps it.
@@ -87,12 +88,12 @@ def _fast_ring(topo: ClusterTopology, node: str, per_node: int, fast: set[LinkKi
 def facts_for(topo: ClusterTopology, ranks: int, nodes: int, *, sharp: bool | None = None) -> FabricFacts:
     """Facts for a communicator of `ranks` GPUs spread evenly over `nodes` nodes of `topo`."""
     if nodes < 1 or ranks < nodes or ranks % nodes:
-        raise ValueError(f"a communicator of {ranks} ranks cannot spread evenly over {nodes} nodes")
+        raise InputError(f"a communicator of {ranks} ranks cannot spread evenly over {nodes} nodes")
     if nodes > topo.node_count:
-        raise ValueError(f"the task needs {nodes} nodes but cluster {topo.name!r} has {topo.node_count}")
+        raise InputError(f"the task needs {nodes} nodes but cluster {topo.name!r} has {topo.node_count}")
     per_node = ranks // nodes
     if per_node > topo.gpus_per_node:
-        raise ValueError(
+        raise InputError(
             f"the task puts {per_node} ranks on a node but cluster {topo.name!r} has "
             f"{topo.gpus_per_node} GPUs per node"
         )

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 
 from ..api.common import Collective, format_size, parse_size
+from ..api.errors import InputError
 from ..api.plan import TaskKey
 
 _ALIASES = {
@@ -35,7 +36,7 @@ def parse_collective(text: str, field: str = "collective") -> Collective:
     c = _ALIASES.get(text.strip().lower())
     if c is None:
         known = ", ".join(sorted({v.value for v in _ALIASES.values()}))
-        raise ValueError(f"{field}: unknown collective {text!r} (known: {known})")
+        raise InputError(f"{field}: unknown collective {text!r} (known: {known})")
     return c
 
 
@@ -43,21 +44,21 @@ def parse_size_range(text: str, field: str = "sizes") -> tuple[int, int]:
     """'1K:1G' -> (1024, 1 << 30); a single size means that size only."""
     parts = text.split(":")
     if len(parts) > 2 or not all(p.strip() for p in parts):
-        raise ValueError(f"{field}: {text!r} is not a size range like 1K:1G")
+        raise InputError(f"{field}: {text!r} is not a size range like 1K:1G")
     try:
         lo = parse_size(parts[0])
         hi = parse_size(parts[-1])
     except ValueError as exc:
-        raise ValueError(f"{field}: {exc}") from None
+        raise InputError(f"{field}: {exc}") from None
     if lo > hi:
-        raise ValueError(f"{field}: {format_size(lo)} is larger than {format_size(hi)}")
+        raise InputError(f"{field}: {format_size(lo)} is larger than {format_size(hi)}")
     return lo, hi
 
 
 def size_points(lo: int, hi: int, factor: int = 2) -> list[int]:
     """lo, lo*f, lo*f^2, ... below hi, then hi (nccl-tests' -b/-e/-f sweep)."""
     if factor < 2:
-        raise ValueError(f"size factor must be >= 2, got {factor}")
+        raise InputError(f"size factor must be >= 2, got {factor}")
     points, size = [], lo
     while size < hi:
         points.append(size)
@@ -70,7 +71,7 @@ def bucket_keys(key: TaskKey, factor: int = 2) -> list[TaskKey]:
     """Split a key's size range into buckets [p, p*f - 1] for p = min, min*f, ... (the last one
     ends at the key's max), each measured at its lower end p."""
     if factor < 2:
-        raise ValueError(f"size factor must be >= 2, got {factor}")
+        raise InputError(f"size factor must be >= 2, got {factor}")
     points, p = [], key.min_bytes
     while p <= key.max_bytes:
         points.append(p)
@@ -114,13 +115,13 @@ def check_keys(keys: Sequence[TaskKey]) -> None:
         ks = sorted(ks, key=lambda k: k.min_bytes)
         for a, b in itertools.pairwise(ks):
             if b.min_bytes <= a.max_bytes:
-                raise ValueError(
+                raise InputError(
                     f"task keys overlap for {coll} {role} {ranks} ranks/{nodes} nodes: "
                     f"{a.min_bytes}-{a.max_bytes} and {b.min_bytes}-{b.max_bytes}"
                 )
         for k in ks:
             if k.min_bytes > k.max_bytes:
-                raise ValueError(f"task {k.label()}: min_bytes is larger than max_bytes")
+                raise InputError(f"task {k.label()}: min_bytes is larger than max_bytes")
 
 
 __all__ = [

@@ -18,15 +18,28 @@ Validity rules, from NCCL's documentation and release notes (cited per rule belo
 - Channels are 1..32 (MAXCHANNELS); the tuner plugin must be given an explicit count.
 - AllToAll runs on NCCL's point-to-point path (no algorithm/protocol choice; the tuner plugin is
   not consulted); only transport, threads and buffer size apply.
+
+The schedule dimension (TuCCL's joint space): for runtimes that run MSCCL (msccl-executor-nccl,
+RCCL), candidate MSCCL schedule variants are implementations next to NCCL's algorithms, named
+`msccl:<schedule>`, with protocol, channels and instances as their parameters. A variant states
+the protocols, channel counts, instance counts and sizes it exists for (`ScheduleVariant`);
+channels x instances threadblock channels must stay within MAXCHANNELS (msccl-executor-nccl
+src/include/device.h, via model.msccl_limits). Categorical dimensions (algorithm or schedule,
+protocol, transport) are subspaces; only ordered numbers (channels, threads, buffer, instances)
+form the resource grid searched inside them, so no searcher depends on the order variants are
+listed in (docs/tuning.md).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..api.common import Collective
+from ..api.errors import InputError
+from ..model.msccl_limits import MAX_CHANNELS as MSCCL_MAX_CHANNELS
 from .fabric import FabricFacts
 
 ALGOS_BY_COLLECTIVE: dict[Collective, tuple[str, ...]] = {
@@ -67,6 +80,41 @@ BUFFSIZES = (512 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20)
 DEFAULT_BUFFSIZE = 4 << 20  # NCCL_BUFFSIZE default (NCCL env docs)
 DEFAULT_THREADS = 512
 TRANSPORTS = ("p2p", "shm")
+MSCCL_PREFIX = "msccl:"
+MSCCL_RUNTIMES = ("msccl", "rccl")  # spec.publish.runtime values whose runtime runs MSCCL files
+MSCCL_INSTANCES = (1, 2, 4, 8)
+
+
+def is_msccl(algorithm: str) -> bool:
+    return algorithm.startswith(MSCCL_PREFIX)
+
+
+def msccl_algorithm(schedule: str) -> str:
+    return MSCCL_PREFIX + schedule
+
+
+@dataclass(frozen=True)
+class ScheduleVariant:
+    """A candidate MSCCL schedule for one collective and what it exists for.
+
+    `channels`: channel counts the schedule was generated with; `instances`: replication counts
+    the runtime may run it with; `min_bytes`/`max_bytes`: the sizes it is selected for
+    (msccl-executor's minBytes/maxBytes, max 0 = unbounded)."""
+
+    name: str
+    collective: Collective
+    protocols: tuple[str, ...] = PROTOCOLS
+    channels: tuple[int, ...] = (1,)
+    instances: tuple[int, ...] = MSCCL_INSTANCES
+    min_bytes: int = 0
+    max_bytes: int = 0
+
+    @property
+    def algorithm(self) -> str:
+        return msccl_algorithm(self.name)
+
+    def covers(self, size: int) -> bool:
+        return self.min_bytes <= size and (self.max_bytes == 0 or size <= self.max_bytes)
 
 
 def parse_version(text: str) -> tuple[int, int]:
@@ -74,7 +122,7 @@ def parse_version(text: str) -> tuple[int, int]:
     try:
         major, minor = int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
-        raise ValueError(f"nccl_version: {text!r} is not a version like 2.24 or 2.21.5") from None
+        raise InputError(f"nccl_version: {text!r} is not a version like 2.24 or 2.21.5") from None
     return major, minor
 
 
@@ -90,22 +138,27 @@ class Impl:
         return f"{self.algorithm}/{self.protocol}/{self.transport}"
 
 
+Point = tuple[int, ...]  # one value per DIMS entry
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class Config:
     impl: Impl
     channels: int
     threads: int
     buffsize: int
+    instances: int = 1  # MSCCL: copies of the schedule's channels; NCCL: always 1
 
     @property
-    def point(self) -> tuple[int, int, int]:
-        return (self.channels, self.threads, self.buffsize)
+    def point(self) -> Point:
+        return (self.channels, self.threads, self.buffsize, self.instances)
 
     def label(self) -> str:
-        return f"{self.impl.label()} {self.channels}ch {self.threads}t {self.buffsize >> 10}K"
+        text = f"{self.impl.label()} {self.channels}ch {self.threads}t {self.buffsize >> 10}K"
+        return text + (f" x{self.instances}" if is_msccl(self.impl.algorithm) else "")
 
 
-DIMS = ("channels", "threads", "buffsize")
+DIMS = ("channels", "threads", "buffsize", "instances")
 
 
 @dataclass(frozen=True)
@@ -116,8 +169,14 @@ class Subspace:
     """
 
     impl: Impl
-    values: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-    points: frozenset[tuple[int, int, int]] | None = None
+    values: tuple[tuple[int, ...], ...]  # one sorted tuple per DIMS entry
+    points: frozenset[Point] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.values) == len(DIMS) - 1:  # NCCL grids may omit instances (always 1)
+            object.__setattr__(self, "values", (*self.values, (1,)))
+            if self.points is not None:
+                object.__setattr__(self, "points", frozenset((*p, 1) if len(p) == 3 else p for p in self.points))
 
     def __iter__(self) -> Iterator[Config]:
         for point in itertools.product(*self.values):
@@ -127,14 +186,16 @@ class Subspace:
     def __len__(self) -> int:
         if self.points is not None:
             return len(self.points)
-        return len(self.values[0]) * len(self.values[1]) * len(self.values[2])
+        return math.prod(len(v) for v in self.values)
 
-    def contains(self, point: tuple[int, int, int]) -> bool:
+    def contains(self, point: Point) -> bool:
+        if len(point) == len(DIMS) - 1:
+            point = (*point, 1)
         if self.points is not None:
             return point in self.points
         return all(v in vals for v, vals in zip(point, self.values, strict=True))
 
-    def config(self, point: tuple[int, int, int]) -> Config:
+    def config(self, point: Point) -> Config:
         return Config(self.impl, *point)
 
 
@@ -163,6 +224,8 @@ def invalid_reason(
 ) -> str | None:
     """Why NCCL cannot run `impl` for this collective on this fabric, or None when it can."""
     algo, proto = impl.algorithm, impl.protocol
+    if is_msccl(algo):
+        return _msccl_reason(impl, facts)
     if algo not in ALGOS_BY_COLLECTIVE[collective]:
         return f"{algo} does not implement {collective}"
     if proto not in PROTOCOLS:
@@ -200,13 +263,49 @@ def invalid_reason(
     return None
 
 
-def resource_values(impl: Impl) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+def _msccl_reason(impl: Impl, facts: FabricFacts) -> str | None:
+    if not impl.algorithm[len(MSCCL_PREFIX):]:
+        return "an MSCCL variant needs a schedule name (msccl:<name>)"
+    if impl.protocol not in PROTOCOLS:
+        return f"unknown protocol {impl.protocol}"
+    if impl.protocol == "LL128" and not (facts.vendor == "nvidia" and facts.intra_kind == "nvlink"):
+        return "LL128 is only safe on NVLink platforms"
+    if impl.transport != "p2p":
+        return "MSCCL schedules run on the P2P transport"
+    return None
+
+
+def variant_reason(variant: ScheduleVariant, collective: Collective, protocol: str, facts: FabricFacts,
+                   size: int | None = None) -> str | None:  # fmt: skip
+    """Why this variant cannot run `protocol` for this call, or None when it can."""
+    if variant.collective != collective:
+        return f"{variant.algorithm} implements {variant.collective}, not {collective}"
+    if protocol not in variant.protocols:
+        return f"{variant.algorithm} was not generated for {protocol}"
+    if size is not None and not variant.covers(size):
+        return f"{variant.algorithm} is not selected for {size} bytes"
+    return _msccl_reason(Impl(variant.algorithm, protocol), facts)
+
+
+def variant_subspace(variant: ScheduleVariant, protocol: str) -> Subspace | None:
+    """The variant's grid: its channel and instance counts within MAXCHANNELS threadblock channels."""
+    threads = LL128_THREADS if protocol == "LL128" else DEFAULT_THREADS
+    points = frozenset((c, threads, DEFAULT_BUFFSIZE, i) for c in variant.channels for i in variant.instances
+                       if c * i <= MSCCL_MAX_CHANNELS)  # fmt: skip
+    if not points:
+        return None
+    values = (tuple(sorted({p[0] for p in points})), (threads,), (DEFAULT_BUFFSIZE,),
+              tuple(sorted({p[3] for p in points})))
+    return Subspace(Impl(variant.algorithm, protocol), values, points)
+
+
+def resource_values(impl: Impl) -> tuple[tuple[int, ...], ...]:
     channels: tuple[int, ...] = CHANNELS
     threads: tuple[int, ...] = (LL128_THREADS,) if impl.protocol == "LL128" else THREADS
     buffs: tuple[int, ...] = BUFFSIZES if impl.protocol == "Simple" else (DEFAULT_BUFFSIZE,)
     if impl.algorithm == "p2p":
         channels = (CHANNELS[-1],)  # p2p channels are NCCL's own; not a tunable here
-    return channels, threads, buffs
+    return channels, threads, buffs, (1,)
 
 
 def build_space(
@@ -216,9 +315,14 @@ def build_space(
     *,
     algorithms: Sequence[str] | None = None,
     protocols: Sequence[str] | None = None,
+    variants: Sequence[ScheduleVariant] = (),
+    runtime: str = "nccl",
+    size: int | None = None,
 ) -> TaskSpace:
-    """Every valid subspace for the collective on this fabric (optionally restricted)."""
+    """Every valid subspace for the collective on this fabric (optionally restricted), plus the
+    MSCCL variants valid for it when the runtime runs MSCCL (at `size`, when given)."""
     subs: list[Subspace] = []
+    notes: list[str] = []
     for algo in ALGOS_BY_COLLECTIVE[collective]:
         if algorithms is not None and algo not in algorithms:
             continue
@@ -231,12 +335,34 @@ def build_space(
                     subs.append(Subspace(impl, resource_values(impl)))
     if not subs:
         raise ValueError(f"no NCCL configuration can run {collective} on this fabric")
-    return TaskSpace(collective, tuple(subs))
+    if variants and runtime not in MSCCL_RUNTIMES:
+        notes.append(f"{len(variants)} MSCCL variants left out: runtime {runtime} does not run MSCCL")
+    elif variants:
+        seen: set[Impl] = set()
+        for variant in variants:
+            for proto in PROTOCOLS:
+                if protocols is not None and proto not in protocols:
+                    continue
+                reason = variant_reason(variant, collective, proto, facts, size)
+                sub = variant_subspace(variant, proto) if reason is None else None
+                if sub is None or sub.impl in seen:
+                    if reason is not None and proto in variant.protocols and variant.collective == collective:
+                        notes.append(f"{variant.algorithm}/{proto} left out: {reason}")
+                    continue
+                seen.add(sub.impl)
+                subs.append(sub)
+    return TaskSpace(collective, tuple(subs), tuple(notes))
 
 
 def _resource_reason(config: Config) -> str | None:
     if not 1 <= config.channels <= CHANNELS[-1]:
         return f"channels {config.channels} outside 1..{CHANNELS[-1]} (MAXCHANNELS)"
+    if config.instances < 1:
+        return f"instances {config.instances} must be at least 1"
+    if not is_msccl(config.impl.algorithm) and config.instances != 1:
+        return "instances apply to MSCCL schedules only"
+    if config.channels * config.instances > MSCCL_MAX_CHANNELS:
+        return f"{config.channels} channels x {config.instances} instances exceed MAXCHANNELS {MSCCL_MAX_CHANNELS}"
     if config.impl.protocol == "LL128":
         if config.threads != LL128_THREADS:
             return f"LL128 runs {LL128_THREADS} threads, not {config.threads}"
@@ -265,15 +391,24 @@ __all__ = [
     "DEFAULT_BUFFSIZE",
     "DEFAULT_THREADS",
     "DIMS",
+    "MSCCL_INSTANCES",
+    "MSCCL_PREFIX",
+    "MSCCL_RUNTIMES",
     "NCCL_ALGO_NAME",
     "PROTOCOLS",
     "THREADS",
     "Config",
     "Impl",
+    "Point",
+    "ScheduleVariant",
     "Subspace",
     "TaskSpace",
     "build_space",
     "check_config",
     "invalid_reason",
+    "is_msccl",
+    "msccl_algorithm",
     "parse_version",
+    "variant_reason",
+    "variant_subspace",
 ]

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..api.common import Collective
+from ..api.errors import InputError
 from ..api.plan import TaskKey
 from .space import Config
 
@@ -58,7 +59,7 @@ _COLL_OF = {
 }
 
 
-class TableError(ValueError):
+class TableError(InputError):
     """A table the plugin would refuse (it then disables itself for the communicator)."""
 
 

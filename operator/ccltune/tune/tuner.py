@@ -5,7 +5,9 @@ Per task key (one size bucket of one collective on one communicator shape):
 2. NCCL's default choice, measured by the same profiler (the baseline);
 3. the searcher's best configuration within `budget` trials, started at NCCL's default with NCCL's
    static model as the prior (default.nccl_prior);
-4. synthesized schedules (MSCCL), when given, compete with the tuned NCCL configuration.
+4. synthesized schedules (MSCCL), when given, compete with the tuned NCCL configuration; MSCCL
+   variants the profiler measures (a replay table keyed by variant, runtime msccl/rccl) are in
+   the searched space itself, and a variant the search picks competes the same way.
 Then the knobs NCCL only takes per process (threads, buffer size, transport) are reconciled: every
 combination the tasks' winners asked for (plus NCCL's defaults) is measured on every task, each
 task running the better of its tuned per-call choice and NCCL's own choice under those knobs. Only
@@ -22,11 +24,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..api.cluster import ClusterTopology
 from ..api.common import Collective, Source, format_size
+from ..api.errors import InputError
 from ..api.plan import Choice, Estimate, PlanTask, TaskKey
 from ..model.busbw import algbw_gbps, busbw_gbps
 from ..topology.subgroup import subcluster
@@ -50,11 +53,13 @@ from .searchers.base import point_at, start_index
 from .space import (
     DEFAULT_BUFFSIZE,
     DEFAULT_THREADS,
+    MSCCL_PREFIX,
     Config,
     Impl,
     TaskSpace,
     build_space,
     check_config,
+    is_msccl,
     parse_version,
 )
 from .table import TABLE_FILE, nvls_channels, render_table, table_rows
@@ -90,6 +95,7 @@ class TaskOutcome:
     synthesized: SynthCandidate | None = None
     notes: list[str] = field(default_factory=list)
     parent: TaskKey | None = None  # the caller's key this bucket was cut from
+    variant: SynthCandidate | None = None  # the best MSCCL variant of the joint search, if it won
     kept_default: bool = False  # NCCL's own per-call choice runs (no tuner row)
     table_row: int | None = None  # the tuner-table row realizing `deployed`
 
@@ -218,14 +224,15 @@ def make_profiler(spec: str | Profiler, topo: ClusterTopology, *, seed: int = 0,
     if spec.startswith("replay:"):
         path = spec.split(":", 1)[1]
         if not path:
-            raise ValueError("profiler: replay needs a file, as replay:FILE")
+            raise InputError("profiler: replay needs a file, as replay:FILE")
         return ReplayProfiler.from_file(
             path, collective=options.get("collective"), ranks=options.get("ranks"), nodes=options.get("nodes"),
             fallback=options.get("fallback", "error"), inplace=options.get("inplace", False),
+            runtime=options.get("runtime", "nccl"),
         )
     if spec == "live":
         return LiveProfiler(launcher=list(options.get("launcher") or []), bindir=options.get("bindir", ""))
-    raise ValueError(f"profiler: unknown {spec!r} (simulated, replay:FILE or live)")
+    raise InputError(f"profiler: unknown {spec!r} (simulated, replay:FILE or live)")
 
 
 def _buckets(key: TaskKey, profiler: Profiler, factor: int) -> list[TaskKey]:
@@ -293,9 +300,9 @@ def tune_tasks(
 ) -> TuningResult:
     """Tune every task key (split into size buckets); `budget` is in trials per bucket."""
     if budget < 1:
-        raise ValueError(f"budget must be at least 1 trial, got {budget}")
+        raise InputError(f"budget must be at least 1 trial, got {budget}")
     if not tasks:
-        raise ValueError("no tasks to tune")
+        raise InputError("no tasks to tune")
     version = parse_version(nccl_version)
     search = make_searcher(searcher) if isinstance(searcher, str) else searcher
     prof = make_profiler(profiler, topo, seed=seed, sharp=sharp, **profiler_options)
@@ -309,7 +316,7 @@ def tune_tasks(
         buckets += found
         parents += [key] * len(found)
     if not buckets:
-        raise ValueError("replay: the table has no sizes for any task (check collective, ranks, nodes and --sizes)")
+        raise InputError("replay: the table has no sizes for any task (check collective, ranks, nodes and --sizes)")
     check_keys(buckets)
     outcomes: list[tuple[TaskOutcome, FabricFacts, TaskSpace]] = []
     say = progress or (lambda _m, _d, _t: None)
@@ -366,6 +373,7 @@ def _tune_one(
     if d_note:
         notes.append(d_note)
     result: SearchResult | None = None
+    variant: SynthCandidate | None = None
     if len(space) > 0:
         # Start from what was measured as NCCL's default (a replayed stand-in when the table lacks it).
         start = _project(space, d_config or dflt.config)
@@ -375,12 +383,29 @@ def _tune_one(
             return prof.measure(key, size, config, reps).time_us
 
         result = search.search(space, evaluate, budget, stable_seed(seed, key.label()) % (2**31), start, prior)
+        result, variant = _split_variant(result, prof)
     else:
         notes.append("no NCCL configuration to search in the replayed data")
     source = dflt.source if d_config is not None else "logged NCCL run"
     outcome = TaskOutcome(key, size, d_config, source, d_measure, result, result.best if result else d_config,
-                          d_measure, notes=notes)
+                          d_measure, notes=notes, variant=variant)
     return outcome, facts, space
+
+
+def _split_variant(result: SearchResult, prof: Profiler) -> tuple[SearchResult | None, SynthCandidate | None]:
+    """A joint search's pick, split: the best NCCL configuration stays the tuned settings (the
+    tuner table needs one; None when no NCCL configuration was measured), the best MSCCL variant
+    competes like a synthesized schedule."""
+    if not is_msccl(result.best.impl.algorithm):
+        return result, None
+    c = result.best
+    name = f"{c.impl.algorithm.removeprefix(MSCCL_PREFIX)}/{c.impl.protocol} {c.channels}ch x{c.instances}"
+    variant = SynthCandidate(name, Measurement(result.value, prof.source, 1, "picked by the joint search"))
+    nccl = [t for t in result.trials if not is_msccl(t.config.impl.algorithm) and not t.pruned]
+    if not nccl:
+        return None, variant
+    best = min(nccl, key=lambda t: (t.value, t.config))
+    return replace(result, best=best.config, value=best.value), variant
 
 
 def _project(space: TaskSpace, config: Config) -> Config | None:
@@ -534,7 +559,7 @@ def _finish(outcome: TaskOutcome, runs: _Runs, g: Knobs, synthesized: SynthSourc
         if kept and o.deployed != o.default:
             o.notes.append("tuned settings lost under the process-wide knobs: NCCL's choice kept")
         o.deployed, o.chosen_measure, o.kept_default = cfg, m, kept
-    cands: list[SynthCandidate] = []
+    cands: list[SynthCandidate] = [o.variant] if o.variant is not None else []
     replay_synth = getattr(prof, "synthesized_measures", None)
     if replay_synth is not None:
         cands += [SynthCandidate(n, m) for n, m in replay_synth(o.key, o.size).items()]
@@ -543,6 +568,9 @@ def _finish(outcome: TaskOutcome, runs: _Runs, g: Knobs, synthesized: SynthSourc
     for cand in cands:
         if cand.measurement.time_us < o.chosen_measure.time_us:
             o.synthesized, o.chosen_measure = cand, cand.measurement
+    if o.synthesized is not None and o.synthesized is o.variant:
+        o.notes.append(f"MSCCL variant {o.variant.name} won the joint search; publish the schedule file it was "
+                       "measured with (runtime msccl/rccl); the tuner row is the best NCCL setting, for other calls")
     if o.deployed is None and o.default is None:
         o.notes.append("NCCL keeps its own choice here (no configuration known to pin)")
 

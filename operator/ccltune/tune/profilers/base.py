@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ...api.common import Source
+from ...api.errors import InputError
 from ...api.plan import TaskKey
 from ..fabric import FabricFacts
 from ..space import Config, TaskSpace
 
 
-class ProfilerError(ValueError):
+class ProfilerError(InputError):
     """A measurement cannot be made (missing replay point, failed benchmark run)."""
 
 

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 
 from ...api.common import Collective
+from ...api.errors import InputError
 from ..space import LL128_THREADS, NCCL_ALGO_NAME, Config
 
 BINARIES = {
@@ -62,7 +63,7 @@ class NcclTestsLog:
     def rows(self, section: str | None = None) -> list[Row]:
         if section is None:
             if len(self.sections) != 1:
-                raise ValueError(f"{self.name}: has sections {sorted(self.sections)}; name one")
+                raise InputError(f"{self.name}: has sections {sorted(self.sections)}; name one")
             return next(iter(self.sections.values()))
         return self.sections[section]
 
@@ -71,7 +72,7 @@ def _num(text: str, what: str, where: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"{where}: {what} {text!r} is not a number") from None
+        raise InputError(f"{where}: {what} {text!r} is not a number") from None
 
 
 def parse_log(text: str, name: str = "<stdout>") -> NcclTestsLog:
@@ -89,30 +90,54 @@ def parse_log(text: str, name: str = "<stdout>") -> NcclTestsLog:
         where = f"{name}:{lineno}"
         tok = line.split()
         if len(tok) not in (12, 13):
-            raise ValueError(
+            raise InputError(
                 f"{where}: malformed nccl-tests row (expected 12 or 13 columns: size count type "
                 f"redop [root] time algbw busbw #wrong time algbw busbw #wrong, got {len(tok)}): {line!r}"
             )
         has_root = len(tok) == 13
         if not tok[0].isdigit() or not tok[1].isdigit():
-            raise ValueError(f"{where}: size and count must be integers: {line!r}")
+            raise InputError(f"{where}: size and count must be integers: {line!r}")
         o = 5 if has_root else 4
         vals = [_num(tok[o + i], col, where) for i, col in
                 ((0, "time"), (1, "algbw"), (2, "busbw"), (4, "time"), (5, "algbw"), (6, "busbw"))]
         if vals[0] <= 0 or vals[3] <= 0:
-            raise ValueError(f"{where}: time must be positive: {line!r}")
+            raise InputError(f"{where}: time must be positive: {line!r}")
         for i in (3, 7):  # the #wrong columns: a count, an error magnitude, or N/A without -c
             if tok[o + i] != "N/A":
                 _num(tok[o + i], "#wrong", where)
         if has_root and not tok[4].lstrip("-").isdigit():
-            raise ValueError(f"{where}: root {tok[4]!r} is not an integer: {line!r}")
+            raise InputError(f"{where}: root {tok[4]!r} is not an integer: {line!r}")
         root = int(tok[4]) if has_root else None
         row = Row(int(tok[0]), int(tok[1]), tok[2], tok[3], root, vals[0], vals[1], vals[2], vals[3],
                   vals[4], vals[5], lineno)
         log.sections.setdefault(section, []).append(row)
     if not log.sections:
-        raise ValueError(f"{name}: no nccl-tests result rows found")
+        raise InputError(f"{name}: no nccl-tests result rows found")
     return log
+
+
+_RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)\s.*?\bon\s+(\S+)\s+device\b")
+
+
+def log_shape(text: str) -> tuple[int, int] | None:
+    """(ranks, nodes) from nccl-tests' '#  Rank  N Group  0 Pid  P on HOST device D' lines."""
+    hosts: dict[int, str] = {}
+    for raw in text.splitlines():
+        m = _RANK_LINE.match(_MPI_TAG.sub("", raw.strip(), count=1).strip())
+        if m:
+            hosts[int(m.group(1))] = m.group(2)
+    if not hosts:
+        return None
+    return len(hosts), len(set(hosts.values()))
+
+
+def log_collective(filename: str) -> Collective | None:
+    """The collective a log file is named after: all_reduce_perf.log, allreduce-16x.txt, ..."""
+    stem = filename.lower().replace("-", "_")
+    for coll, binary in BINARIES.items():
+        if stem.startswith(binary.removesuffix("_perf")) or stem.startswith(str(coll)):
+            return coll
+    return None
 
 
 def trial_env(config: Config, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -163,4 +188,5 @@ def command(
     return argv
 
 
-__all__ = ["BINARIES", "NcclTestsLog", "Row", "command", "parse_log", "transport_env", "trial_env"]
+__all__ = ["BINARIES", "NcclTestsLog", "Row", "command", "log_collective", "log_shape", "parse_log", "transport_env",
+           "trial_env"]

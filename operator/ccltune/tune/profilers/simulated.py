@@ -15,18 +15,28 @@ measurements. `interference` in [0, 1] is the share of SM time and memory bandwi
 concurrent training kernel takes (AutoCCL section 2.3): it slows the protocol phase by
 (1 - interference/2) and strengthens congestion. `noise` is the relative standard deviation of one
 repetition; repetitions are averaged. Noise is seeded per (seed, task, config, repetition index).
+
+MSCCL schedule variants (`msccl:<family>[-anything]`) run on the same surface: a family gives the
+bus bandwidth share and the number of dependent steps of a hand-written schedule shape (ring:
+2(n-1) steps for AllReduce; allpairs: direct exchange in 2 steps, full bandwidth only through an
+NVSwitch; hierarchical: intra-node reduce-scatter, inter-node ring, intra-node all-gather), and
+channels x instances threadblock channels take the place of NCCL's channels. Each step pays
+NCCL's per-hop latency for the protocol (model/cost.py HW_LAT, BASE_LAT once). `simulated_variants`
+lists the variants this surface knows for a communicator; they are simulated, never measured.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...api.cluster import ClusterTopology
 from ...api.common import Collective, Source
+from ...api.errors import InputError
 from ...api.plan import TaskKey
 from ...model.busbw import busbw_factor
 from ...model.cost import (
@@ -41,8 +51,19 @@ from ...model.cost import (
     nodes_class,
 )
 from ..fabric import FabricFacts, facts_for
-from ..space import Config, TaskSpace
-from .base import Measurement, stable_seed
+from ..space import (
+    DEFAULT_BUFFSIZE,
+    DEFAULT_THREADS,
+    LL128_THREADS,
+    MSCCL_PREFIX,
+    Config,
+    ScheduleVariant,
+    TaskSpace,
+    build_space,
+    is_msccl,
+)
+from ..space import PROTOCOLS as ALL_PROTOCOLS
+from .base import Measurement, ProfilerError, stable_seed
 
 # Share of the fabric's per-GPU bandwidth each algorithm turns into bus bandwidth (surface
 # constants; NVLS above 1 because the switch reduces in flight and halves NVLink traffic).
@@ -63,6 +84,54 @@ _CONGESTION = 0.05
 _CHANNEL_LAUNCH_US = 0.08
 _SHM_SHARE = 0.70  # SHM through host memory: share of PCIe bandwidth (two copies)
 _CROSS_SOCKET_P2P = 0.45  # P2P across the CPU interconnect: share of PCIe bandwidth
+MSCCL_FAMILIES = ("ring", "allpairs", "hierarchical")
+_ALLPAIRS_MESH_SHARE = 0.6  # direct exchange without a switch: links shared by several peers
+
+
+def msccl_family(algorithm: str) -> str:
+    """`msccl:allpairs-2ch` -> `allpairs`; an unknown family is a ProfilerError."""
+    family = algorithm[len(MSCCL_PREFIX):].split("-", 1)[0]
+    if family not in MSCCL_FAMILIES:
+        raise ProfilerError(f"the simulated surface has no model of schedule {algorithm!r} "
+                            f"(families: {', '.join(MSCCL_FAMILIES)})")
+    return family
+
+
+def sweep_csv(topo: ClusterTopology, ranks: int, nodes: int, collectives: Sequence[Collective],
+              sizes: Sequence[int], *, variants: bool = True, interference: float = 0.0) -> str:
+    """A replay table written from the surface (its numbers are simulated): NCCL's sweep rows
+    (algorithm x protocol x channel count, at the sweep's default threads and buffer) and, with
+    `variants`, the MSCCL variants of `simulated_variants` over protocol x channels x instances,
+    in the replay schema (sweep CSV + instances, threads, buffsize; docs/tuning.md)."""
+    from .replay import OPTIONAL_COLUMNS, SWEEP_COLUMNS  # replay does not import this module
+
+    facts = facts_for(topo, ranks, nodes)
+    sim = SimulatedProfiler(topo, interference=interference, noise=0.0)
+    lines = [",".join((*SWEEP_COLUMNS, *OPTIONAL_COLUMNS))]
+    for coll in collectives:
+        space = build_space(coll, facts, variants=simulated_variants(coll, facts) if variants else (),
+                            runtime="msccl")
+        grid = [c for c in space if c.impl.transport == "p2p" and c.buffsize == DEFAULT_BUFFSIZE
+                and c.threads in (DEFAULT_THREADS, LL128_THREADS)]
+        for size in sizes:
+            key = TaskKey(collective=coll, min_bytes=size, max_bytes=size, ranks=ranks, nodes=nodes)
+            for c in grid:
+                t = sim.true_time_us(key, size, c)
+                lines.append(f"{coll},{size},{c.impl.algorithm},{c.impl.protocol},{c.channels},{nodes},{ranks},"
+                             f"latency,{size / t / 1e3:.6g},{t:.6g},{c.instances},{c.threads},{c.buffsize}")
+    return "\n".join(lines) + "\n"
+
+
+def simulated_variants(collective: Collective, facts: FabricFacts) -> list[ScheduleVariant]:
+    """The MSCCL variants the surface can time for this communicator (each family, every
+    protocol, the channel counts such schedules are generated with)."""
+    if collective not in (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCESCATTER):
+        return []
+    out = [ScheduleVariant("ring", collective, ALL_PROTOCOLS, (1, 2, 4, 8)),
+           ScheduleVariant("allpairs", collective, ALL_PROTOCOLS, (1, 2, 4))]
+    if facts.nodes > 1 and facts.gpus_per_node > 1:
+        out.append(ScheduleVariant("hierarchical", collective, ("LL", "Simple"), (1, 2, 4)))
+    return out
 
 
 def _log2(n: int) -> int:
@@ -90,6 +159,8 @@ class Surface:
         net = f.net_gbps_per_node * _NET_EFF
         multi = f.nodes > 1
         single_gpu = f.gpus_per_node == 1
+        if is_msccl(algo):
+            return self._msccl_busbw(msccl_family(algo), intra, net)
         if algo == "ring":
             if single_gpu:
                 return net
@@ -116,11 +187,40 @@ class Surface:
             return min(intra, net / max(crossing, 1e-9))
         raise ValueError(f"unknown algorithm {algo}")
 
+    def _msccl_busbw(self, family: str, intra: float, net: float) -> float:
+        f = self.facts
+        if family == "allpairs":
+            share = intra if f.nvswitch else intra * _ALLPAIRS_MESH_SHARE
+            if f.nodes == 1:
+                return share
+            crossing = (f.ranks - f.gpus_per_node) / max(f.ranks - 1, 1)
+            return min(share, net / max(crossing, 1e-9))
+        if family == "hierarchical" and f.nodes > 1:
+            # Only 1/g of the data crosses the network per GPU after the intra-node phase.
+            return min(intra * 0.9, net * f.gpus_per_node / max(f.gpus_per_node - 1, 1))
+        return min(intra, net) if f.nodes > 1 and f.gpus_per_node > 1 else (net if f.gpus_per_node == 1 else intra)
+
+    def _msccl_steps(self, collective: Collective, family: str) -> tuple[int, int]:
+        """(intra-node steps, inter-node steps) one chunk goes through."""
+        f = self.facts
+        twice = 2 if collective == Collective.ALLREDUCE else 1
+        if family == "allpairs":
+            return (twice, 0) if f.nodes == 1 else (0, twice)
+        if family == "hierarchical" and f.nodes > 1:
+            return twice * (f.gpus_per_node - 1), twice * (f.nodes - 1)
+        inter = twice * (f.nodes - 1) if f.nodes > 1 else 0
+        return twice * (f.ranks - 1) - inter, inter
+
     def latency_us(self, collective: Collective, cfg: Config) -> float:
         f = self.facts
         algo, proto = cfg.impl.algorithm, cfg.impl.protocol
         link = "pcie" if f.intra_kind == "pcie" else "nvlink"
         pi = PROTOCOLS.index(proto)
+        if is_msccl(algo):
+            intra_steps, inter_steps = self._msccl_steps(collective, msccl_family(algo))
+            hw = Hw.PCI if link == "pcie" else Hw.NVLINK
+            per_net = HW_LAT[Hw.NET]["ring"][pi] + f.net_latency_us
+            return BASE_LAT["ring"][pi] + intra_steps * HW_LAT[hw]["ring"][pi] + inter_steps * per_net
         if algo == "pat":
             return BASE_LAT["ring"][pi] + 2 * _log2(f.ranks) * HW_LAT[Hw.NET]["ring"][pi]
         if algo == "p2p":
@@ -137,7 +237,7 @@ class Surface:
     def time_us(self, collective: Collective, size: int, cfg: Config) -> float:
         f = self.facts
         proto = cfg.impl.protocol
-        nc, nt = cfg.channels, cfg.threads
+        nc, nt = cfg.channels * cfg.instances, cfg.threads  # MSCCL: every instance is a channel more
         factor = busbw_factor(collective, f.ranks) if f.ranks > 1 else 1.0
         bus_bytes = max(size * factor, 1.0)
         # Transport phase: channels share the algorithm's bus bandwidth (GB/s == bytes/ns).
@@ -189,9 +289,9 @@ class SimulatedProfiler:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.interference <= 1.0:
-            raise ValueError(f"interference must be in [0, 1], got {self.interference}")
+            raise InputError(f"interference must be in [0, 1], got {self.interference}")
         if not 0.0 <= self.noise < 0.5:
-            raise ValueError(f"noise must be in [0, 0.5), got {self.noise}")
+            raise InputError(f"noise must be in [0, 0.5), got {self.noise}")
 
     def surface(self, key: TaskKey) -> Surface:
         k = (key.ranks, key.nodes)
@@ -221,4 +321,4 @@ class SimulatedProfiler:
         return Measurement(sum(values) / reps, self.source, reps)
 
 
-__all__ = ["SimulatedProfiler", "Surface"]
+__all__ = ["MSCCL_FAMILIES", "SimulatedProfiler", "Surface", "msccl_family", "simulated_variants", "sweep_csv"]

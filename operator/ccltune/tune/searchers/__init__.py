@@ -1,5 +1,6 @@
 """Searchers: AutoCCL, TuCCL's MRACO, and grid/random baselines. All seeded."""
 
+from ...api.errors import InputError
 from .autoccl import AutoCCLSearcher
 from .base import Evaluate, Searcher, SearchResult, Trial
 from .baseline import GridSearcher, RandomSearcher
@@ -18,7 +19,7 @@ def make_searcher(name: str) -> Searcher:
         return GridSearcher()
     if name == "random":
         return RandomSearcher()
-    raise ValueError(f"searcher: unknown {name!r} (one of {', '.join(SEARCHERS)})")
+    raise InputError(f"searcher: unknown {name!r} (one of {', '.join(SEARCHERS)})")
 
 
 __all__ = [

@@ -30,7 +30,16 @@ from collections.abc import Container
 from dataclasses import dataclass
 
 from ..space import Config, Subspace, TaskSpace
-from .base import BudgetExhausted, Evaluate, Log, SearchResult, check_budget, point_at, start_index
+from .base import (
+    BudgetExhausted,
+    Evaluate,
+    Index,
+    Log,
+    SearchResult,
+    check_budget,
+    point_at,
+    start_index,
+)
 from .prior import PRIOR_MARGIN, Prior, visit_order
 
 
@@ -55,7 +64,7 @@ class AutoCCLSearcher:
     ) -> SearchResult:
         check_budget(budget)
         log = Log(evaluate, budget, self.reps)
-        starts: list[tuple[float, int, Subspace, tuple[int, int, int]]] = []
+        starts: list[tuple[float, int, Subspace, Index]] = []
         visits = visit_order(space, budget, start, prior, self.prior_margin)
         converged = True
         reason = "every subspace converged"
@@ -79,8 +88,8 @@ class AutoCCLSearcher:
         best, value = log.best()
         return SearchResult(best, value, log.trials, converged, reason, extra_measurements=log.verified)
 
-    def _descend(self, sub: Subspace, idx: tuple[int, int, int], value: float, log: Log) -> None:
-        dims = [d for d in range(3) if len(sub.values[d]) > 1]
+    def _descend(self, sub: Subspace, idx: Index, value: float, log: Log) -> None:
+        dims = [d for d in range(len(sub.values)) if len(sub.values[d]) > 1]
         steps = {d: max(1, len(sub.values[d]) // 4) for d in dims}
         cur, cur_v = list(idx), value
         while dims:
@@ -99,7 +108,7 @@ class AutoCCLSearcher:
                         if cur_v * (1 - self.confirm) < v < cur_v * (1 + self.tie) and self.confirm_reps:
                             # A small gain (or a near tie) may be noise: measure both points again.
                             v = log.refine(cand, self.confirm_reps)
-                            cur_v = log.refine(sub.config(point_at(sub, (cur[0], cur[1], cur[2]))), self.confirm_reps)
+                            cur_v = log.refine(sub.config(point_at(sub, tuple(cur))), self.confirm_reps)
                         if v < cur_v * (1 - self.eps):
                             cur, cur_v = list(nxt), v
                             probe, flats = list(nxt), 0
@@ -125,9 +134,7 @@ class AutoCCLSearcher:
             log.refine(c, self.verify_reps)
 
     @staticmethod
-    def _move(
-        sub: Subspace, cur: list[int], d: int, delta: int, measured: Container[Config] = ()
-    ) -> tuple[int, int, int] | None:
+    def _move(sub: Subspace, cur: list[int], d: int, delta: int, measured: Container[Config] = ()) -> Index | None:
         """Step along dimension d; in a sparse (replayed) grid, go on to the next existing point.
 
         A step never jumps over a point already measured on this line: it goes halfway to it
@@ -138,10 +145,10 @@ class AutoCCLSearcher:
         step = 1 if delta > 0 else -1
         target = max(0, min(n - 1, cur[d] + delta))
 
-        def at(i: int) -> tuple[int, int, int]:
+        def at(i: int) -> Index:
             nxt = list(cur)
             nxt[d] = i
-            return (nxt[0], nxt[1], nxt[2])
+            return tuple(nxt)
 
         between = range(cur[d] + step, target, step)
         known = next((i for i in between if sub.config(point_at(sub, at(i))) in measured), None)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from ..space import DEFAULT_BUFFSIZE, Config, Subspace, TaskSpace
+from ...api.errors import InputError
+from ..space import DEFAULT_BUFFSIZE, Config, Point, Subspace, TaskSpace
 
 if TYPE_CHECKING:
     from .prior import Prior
@@ -97,38 +99,60 @@ class Log:
 
 def check_budget(budget: int) -> None:
     if budget < 1:
-        raise ValueError(f"budget must be at least 1 trial, got {budget}")
+        raise InputError(f"budget must be at least 1 trial, got {budget}")
 
 
-def nearest_member(sub: Subspace, idx: tuple[int, int, int]) -> tuple[int, int, int] | None:
+Index = tuple[int, ...]  # one value index per dimension
+
+
+def nearest_member(sub: Subspace, idx: Index) -> Index | None:
     """The grid index closest to `idx` (L1 over value indices) whose point exists in `sub`."""
-    best: tuple[int, tuple[int, int, int]] | None = None
+    best: tuple[int, Index] | None = None
     for point in sub.points or ():
-        j = tuple(sub.values[d].index(point[d]) for d in range(3))
+        j = tuple(vals.index(v) for v, vals in zip(point, sub.values, strict=True))
         dist = sum(abs(a - b) for a, b in zip(j, idx, strict=True))
         if best is None or (dist, j) < best:
-            best = (dist, j)  # type: ignore[assignment]
+            best = (dist, j)
     return best[1] if best else None
 
 
-def point_at(sub: Subspace, idx: tuple[int, int, int]) -> tuple[int, int, int]:
-    return (sub.values[0][idx[0]], sub.values[1][idx[1]], sub.values[2][idx[2]])
+def point_at(sub: Subspace, idx: Index) -> Point:
+    return tuple(vals[i] for vals, i in zip(sub.values, idx, strict=True))
 
 
-def start_index(sub: Subspace, start: Config | None) -> tuple[int, int, int]:
-    """Where to start inside a subspace: NCCL's default resources projected onto its grid."""
+def _threadblock_match(sub: Subspace, idx: Index, channels: int) -> tuple[int, int]:
+    """(channels, instances) indices of the MSCCL point with as many threadblock channels
+    (channels x instances) as the start has channels, fewest instances on a tie: an MSCCL variant
+    starts with the resources NCCL's default uses."""
+    best: tuple[float, int, int, int] | None = None
+    for ci, c in enumerate(sub.values[0]):
+        for ii, inst in enumerate(sub.values[3]):
+            point = list(point_at(sub, idx))
+            point[0], point[3] = c, inst
+            if not sub.contains(tuple(point)):
+                continue
+            cand = (abs(math.log2(c * inst) - math.log2(max(channels, 1))), inst, ci, ii)
+            if best is None or cand < best:
+                best = cand
+    return (best[2], best[3]) if best is not None else (idx[0], idx[3])
+
+
+def start_index(sub: Subspace, start: Config | None) -> Index:
+    """Where to start inside a subspace: NCCL's default resources projected onto its grid
+    (an MSCCL variant: one instance)."""
     idx = []
-    for d in range(3):
-        vals = sub.values[d]
+    for d, vals in enumerate(sub.values):
         if start is None:
             # No NCCL default known: middle channel count, most threads, NCCL's default buffer.
-            defaults = (None, max(vals), DEFAULT_BUFFSIZE)
+            defaults = (None, max(vals), DEFAULT_BUFFSIZE, 1)
             want = defaults[d]
             idx.append(vals.index(want) if want in vals else len(vals) // 2)
         else:
             target = start.point[d]
             idx.append(min(range(len(vals)), key=lambda i: (abs(vals[i] - target), i)))
-    out = (idx[0], idx[1], idx[2])
+    if start is not None and len(sub.values) > 3 and len(sub.values[3]) > 1:
+        idx[0], idx[3] = _threadblock_match(sub, tuple(idx), start.channels * start.instances)
+    out = tuple(idx)
     if sub.points is not None and point_at(sub, out) not in sub.points:
         near = nearest_member(sub, out)
         if near is not None:
@@ -139,6 +163,7 @@ def start_index(sub: Subspace, start: Config | None) -> tuple[int, int, int]:
 __all__ = [
     "BudgetExhausted",
     "Evaluate",
+    "Index",
     "Log",
     "SearchResult",
     "Searcher",

@@ -2,7 +2,9 @@
 resource, and convergence by gain and by the stability of what the sampler proposes.
 
 - Exploration: optuna's TPE sampler (seeded, multivariate, grouped for the conditional resource
-  parameters of each implementation subspace). Warm start: NCCL's default is enqueued as the
+  parameters of each implementation subspace). The implementation (NCCL algorithm or MSCCL
+  schedule variant, protocol, transport) is one categorical parameter over the sorted labels, so
+  the order a space lists its subspaces in does not matter. Warm start: NCCL's default is enqueued as the
   first trial, then its resources in every other subspace in the prior's order, so TPE's startup
   trials are the prior's best guesses and its model sees every implementation. When the budget
   is under two trials per subspace, the search is restricted to the subspaces the prior finds
@@ -10,6 +12,12 @@ resource, and convergence by gain and by the stability of what the sampler propo
 - Multi-resource: a trial is measured one repetition at a time, reporting the running mean;
   Hyperband (min 1, max `max_reps` repetitions, reduction factor 3) stops unpromising trials after
   few repetitions, so most of the measurement time goes to good configurations.
+- Polish: the last `polish` share of the budget (and whatever convergence leaves) measures the
+  unmeasured grid neighbours (one step along each ordered resource) of the best configuration of
+  every subspace whose best is within `polish_margin` of the incumbent, in rounds (best first, one
+  step each: to the first faster neighbour, or the subspace is settled): TPE finds the promising
+  subspaces and regions, local steps settle their resources, so close subspaces are compared
+  settled (docs/tuning.md).
 - Convergence: stop when the best completed value improved by less than `gain_eps` over the last
   `window` completed trials AND the share of trials per implementation subspace in that window
   differs from the window before by at most `tv_eps` (total variation distance).
@@ -23,13 +31,13 @@ from dataclasses import dataclass
 
 import optuna
 
-from ..space import Config, Subspace, TaskSpace
+from ..space import DIMS, Config, Subspace, TaskSpace
+from .autoccl import AutoCCLSearcher
 from .base import Evaluate, SearchResult, Trial, check_budget, nearest_member, point_at, start_index
 from .prior import PRIOR_MARGIN, Prior, visit_order
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-_DIM_NAMES = ("channels", "threads", "buffsize")
 
 
 @dataclass
@@ -43,6 +51,8 @@ class MracoSearcher:
     warm_start: bool = True
     ei_candidates: int = 64  # TPE candidates per suggestion (optuna default 24; see docs)
     prior_margin: float = PRIOR_MARGIN  # see prior.visit_order
+    polish: float = 0.4  # share of the budget kept for local steps around the incumbents
+    polish_margin: float = 0.15  # subspaces this close to the incumbent are polished too
     name: str = "mraco"
 
     def search(
@@ -79,7 +89,8 @@ class MracoSearcher:
         reason = f"budget of {budget} trials spent"
         converged = False
         attempts = 0
-        while len(trials) < budget and attempts < 4 * budget:
+        explore = budget - int(self.polish * budget) if budget >= len(visits) + 5 else budget
+        while len(trials) < explore and attempts < 4 * budget:
             attempts += 1
             ot = study.ask()
             label = ot.suggest_categorical("impl", labels)
@@ -113,9 +124,49 @@ class MracoSearcher:
                 break
         if not trials:
             raise ValueError("MRACO made no trial (empty space?)")
+        self._polish(subs, evaluate, budget, trials, done, completed)
         pool = completed or trials
         best = min(pool, key=lambda t: (t.value, t.config))
         return SearchResult(best.config, best.value, trials, converged, reason)
+
+    def _polish(self, subs: dict[str, Subspace], evaluate: Evaluate, budget: int, trials: list[Trial],
+                done: dict[Config, Trial], completed: list[Trial]) -> None:  # fmt: skip
+        leaders: dict[str, Trial] = {}
+        # Pruned trials count here: Hyperband stops a trial for being worse than its bracket's
+        # best, and its running mean can still put its subspace within the margin.
+        for t in sorted(trials, key=lambda t: (t.value, t.config)):
+            leaders.setdefault(t.config.impl.label(), t)
+        top = min(t.value for t in leaders.values()) if leaders else 0.0
+        active = {lbl: t for lbl, t in leaders.items() if t.value <= top * (1 + self.polish_margin)}
+        # Rounds over the close subspaces, best first: each takes one step (the first faster
+        # neighbour) or is settled, so the budget is spread over them instead of spent on one.
+        while active and len(trials) < budget:
+            for label in sorted(active, key=lambda lbl: (active[lbl].value, lbl)):
+                moved = self._step(subs[label], active[label], evaluate, budget, trials, done, completed)
+                if moved is None:
+                    del active[label]
+                else:
+                    active[label] = moved
+                if len(trials) >= budget:
+                    return
+
+    def _step(self, sub: Subspace, best: Trial, evaluate: Evaluate, budget: int, trials: list[Trial],
+              done: dict[Config, Trial], completed: list[Trial]) -> Trial | None:  # fmt: skip
+        """Measure `best`'s unmeasured grid neighbours until one is faster; None if none is."""
+        idx = [sub.values[d].index(v) for d, v in enumerate(best.config.point)]
+        moves = (AutoCCLSearcher._move(sub, idx, d, step) for d in range(len(idx)) for step in (1, -1))
+        fresh = [c for c in (sub.config(point_at(sub, m)) for m in moves if m is not None) if c not in done]
+        for config in fresh:
+            if len(trials) >= budget:
+                return None
+            value = sum(evaluate(config, 1) for _ in range(self.max_reps)) / self.max_reps
+            trial = Trial(config, value, self.max_reps)
+            trials.append(trial)
+            done[config] = trial
+            completed.append(trial)
+            if value < best.value:
+                return trial
+        return None
 
     def _converged(self, completed: list[Trial], best_hist: list[float]) -> bool:
         w = self.window
@@ -133,7 +184,7 @@ class MracoSearcher:
     @staticmethod
     def _params(sub: Subspace, config: Config) -> dict[str, object]:
         params: dict[str, object] = {"impl": sub.impl.label()}
-        for d, name in enumerate(_DIM_NAMES):
+        for d, name in enumerate(DIMS):
             if len(sub.values[d]) > 1:
                 params[f"{sub.impl.label()}:{name}"] = config.point[d]
         return params
@@ -141,15 +192,14 @@ class MracoSearcher:
     @staticmethod
     def _config(ot: optuna.trial.Trial, sub: Subspace) -> Config:
         point: list[int] = []
-        for d, name in enumerate(_DIM_NAMES):
+        for d, name in enumerate(DIMS):
             vals = sub.values[d]
             point.append(vals[0] if len(vals) == 1 else int(ot.suggest_categorical(f"{sub.impl.label()}:{name}", vals)))
-        p = (point[0], point[1], point[2])
-        if not sub.contains(p):  # a replayed table lacks this point: take the nearest one it has
-            idx = tuple(sub.values[d].index(p[d]) for d in range(3))
-            near = nearest_member(sub, (idx[0], idx[1], idx[2]))
+        p = tuple(point)
+        if not sub.contains(p):  # a sparse grid (table, variant) lacks this point: take the nearest one it has
+            near = nearest_member(sub, tuple(vals.index(v) for v, vals in zip(p, sub.values, strict=True)))
             assert near is not None
-            p = (sub.values[0][near[0]], sub.values[1][near[1]], sub.values[2][near[2]])
+            p = point_at(sub, near)
         return sub.config(p)
 
 

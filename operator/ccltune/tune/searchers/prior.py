@@ -7,7 +7,9 @@ by AutoCCL and MRACO:
 - when the budget allows at least `AFFORD_PER_SUBSPACE` trials per subspace, every subspace is
   visited (AutoCCL's rule);
 - otherwise only subspaces predicted within `margin` of the best prediction are visited, so a tight
-  budget goes to descending the plausible ones instead of one look at each of the hopeless ones.
+  budget goes to descending the plausible ones instead of one look at each of the hopeless ones;
+  subspaces the prior has no prediction for (MSCCL schedule variants: NCCL's model does not know
+  them) are always visited, after the predicted ones: a prior only prunes what it can judge.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class Prior:
     def predicted(self, impl: Impl) -> float:
         return self.predicted_us.get(impl, float("inf"))
 
+    def knows(self, impl: Impl) -> bool:
+        return impl in self.predicted_us
+
 
 def visit_order(
     space: TaskSpace, budget: int, start: Config | None, prior: Prior | None, margin: float = PRIOR_MARGIN
@@ -42,7 +47,8 @@ def visit_order(
     if prior is None or budget >= AFFORD_PER_SUBSPACE * len(subs):
         return subs
     best = min(prior.predicted(s.impl) for s in subs)
-    return [s for i, s in enumerate(subs) if i == 0 or prior.predicted(s.impl) <= best * margin]
+    return [s for i, s in enumerate(subs)
+            if i == 0 or not prior.knows(s.impl) or prior.predicted(s.impl) <= best * margin]
 
 
 __all__ = ["AFFORD_PER_SUBSPACE", "PRIOR_MARGIN", "Prior", "visit_order"]
