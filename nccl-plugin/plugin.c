@@ -6,25 +6,47 @@
  * 0 cost (NCCL takes the cheapest cell, enqueue.cc topoGetAlgoInfo) and channels are set clamped.
  * No row, or no usable alternative: nothing is touched, so NCCL's own choice stands (*nChannels 0).
  * A missing or malformed table disables the plugin for the communicator; init never fails.
+ * CCLTUNE_TRIALS set: trial mode for benchmark launches instead (trial.h, docs/live-tuning.md).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "nccl_tuner_abi.h"
 #include "table.h"
+#include "trial.h"
 
 #define TABLE_ENV "CCLTUNE_TUNER_TABLE"
+#define TRIALS_ENV "CCLTUNE_TRIALS"
 #define PLUGIN_NAME "ccltune"
 
 typedef struct {
   int enabled;
   ccltTable table;
+  int trialMode;  /* CCLTUNE_TRIALS set: benchmark launches switch configuration per call */
+  ccltTrials trials;
+  ncclDebugLogger_t log;
 } context;
 
 static ncclResult_t initCommon(void** ctxOut, size_t nRanks, size_t nNodes, ncclDebugLogger_t log) {
   context* ctx = calloc(1, sizeof *ctx);
   *ctxOut = ctx;
   if (!ctx) return ncclSuccess;  /* a NULL context changes nothing, like a disabled one */
+  ctx->log = log;
+  const char* trials = getenv(TRIALS_ENV);
+  if (trials && *trials) {
+    if (ccltTrialsParse(&ctx->trials, trials) != 0) {
+      if (log)
+        log(NCCL_LOG_WARN, NCCL_INIT | NCCL_TUNING, __FILE__, __LINE__, "ccltune tuner: disabled, %s",
+            ctx->trials.error);
+      return ncclSuccess;
+    }
+    ctx->trialMode = 1;
+    if (log)
+      log(NCCL_LOG_INFO, NCCL_INIT | NCCL_TUNING, __FILE__, __LINE__,
+          "ccltune tuner: trial mode, %d entries, warmup %llu, period %llu calls", ctx->trials.n,
+          (unsigned long long)ctx->trials.warmup, (unsigned long long)ctx->trials.period);
+    return ncclSuccess;
+  }
   const char* path = getenv(TABLE_ENV);
   if (!path || !*path) {
     if (log)
@@ -46,9 +68,26 @@ static ncclResult_t initCommon(void** ctxOut, size_t nRanks, size_t nNodes, nccl
   return ncclSuccess;
 }
 
+/* The call's trial entry, when NCCL offers its cell; otherwise NCCL chooses and a WARN line names
+ * the entry so the benchmark's parser records its points missing. */
+static ncclResult_t trialInfo(context* ctx, float* cost, int numAlgo, int numProto, int* nChannels) {
+  int index;
+  const ccltChoice* c = ccltTrialsNext(&ctx->trials, &index);
+  if (!c) return ncclSuccess;
+  if (c->algo >= numAlgo || c->proto >= numProto || cost[c->algo * numProto + c->proto] < 0.0f) {
+    if (ctx->log)
+      ctx->log(NCCL_LOG_WARN, NCCL_TUNING, __FILE__, __LINE__, "ccltune trial %d unusable", index);
+    return ncclSuccess;
+  }
+  cost[c->algo * numProto + c->proto] = 0.0f;
+  if (nChannels) *nChannels = c->channels;
+  return ncclSuccess;
+}
+
 static ncclResult_t collInfo(void* vctx, ncclFunc_t coll, size_t nBytes, float** costTable, int numAlgo,
                              int numProto, int* nChannels) {
   context* ctx = vctx;
+  if (ctx && ctx->trialMode && costTable && numAlgo > 0 && numProto > 0) return trialInfo(ctx, (float*)costTable, numAlgo, numProto, nChannels);
   if (!ctx || !ctx->enabled || !costTable || numAlgo <= 0 || numProto <= 0) return ncclSuccess;
   /* NCCL passes its float[numAlgo][numProto] array cast to float** (enqueue.cc ncclGetAlgoInfo). */
   float* cost = (float*)costTable;

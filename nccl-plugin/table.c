@@ -56,6 +56,9 @@ static int lookupName(const char* s, const char* const* names, int n) {
   return -1;
 }
 
+int ccltAlgoId(const char* name) { return lookupName(name, kAlgos, CCLTUNE_NUM_ALGOS); }
+int ccltProtoId(const char* name) { return lookupName(name, kProtos, CCLTUNE_NUM_PROTOS); }
+
 /* Decimal digits only (no sign, no blanks), within uint64_t. */
 static int parseU64(const char* s, uint64_t* out) {
   if (*s == '\0') return -1;

@@ -49,6 +49,10 @@ const ccltChoice* ccltTableFind(const ccltTable* t, int coll, uint64_t nBytes, i
 /* Channels NCCL can run for the algorithm (MAXCHANNELS; NVLS: the table's nvls-channels). */
 int ccltClampChannels(const ccltTable* t, int algo, int channels);
 
+/* NCCL_ALGO_* / NCCL_PROTO_* id of a table name ("ring", "ll128", ...), or -1. */
+int ccltAlgoId(const char* name);
+int ccltProtoId(const char* name);
+
 uint64_t ccltFnv1a64(uint64_t h, const char* s, size_t n);
 #define CCLT_FNV_OFFSET 0xcbf29ce484222325ULL
 

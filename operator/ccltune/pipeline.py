@@ -16,8 +16,8 @@ from .api.cluster import ClusterTopology
 from .api.common import Collective, Source, parse_size
 from .api.errors import InputError
 from .api.plan import Estimate, Plan, PlanFile, PlanTask, TaskKey
-from .model.nccl_default import default_estimate, nccl_default
-from .plan_steps import msccl_step, realize_step, synth_step, tune_step
+from .model.evaluate import nccl_estimate
+from .plan_steps import Judge, msccl_step, realize_step, synth_step, tune_step
 from .publish.files import (
     NCCL_CONF,
     NCCL_TOPO,
@@ -158,13 +158,11 @@ def task_keys(spec: CCLTuningSpec, topo: ClusterTopology) -> list[tuple[TaskKey,
 
 def _baseline_task(key: TaskKey, sub: ClusterTopology, progress: Progress) -> PlanTask:
     progress(f"{key.collective} on {key.ranks} ranks: NCCL default (simulated)")
-    estimates = []
-    for size in size_points(key.min_bytes, key.max_bytes):
-        est = default_estimate(key.collective, size, sub)
-        estimates.append(
-            est.model_copy(update={"choice": nccl_default(key.collective, size, sub).choice})
-        )
-    default = nccl_default(key.collective, key.max_bytes, sub).choice
+    # The common evaluator (model/evaluate.py) times NCCL's default: every comparison uses it.
+    estimates = [nccl_estimate(key.collective, size, sub)
+                 for size in size_points(key.min_bytes, key.max_bytes)]  # fmt: skip
+    default = estimates[-1].choice
+    assert default is not None
     return PlanTask(
         key=key,
         default=default,
@@ -206,6 +204,7 @@ def build_plan(
     name: str,
     progress: Progress | None = None,
     profiles: Path | None = None,
+    profile_note: str | None = None,
 ) -> Plan:
     """The whole offline pipeline. Deterministic: same inputs, same files and digest."""
     say = progress or (lambda _msg: None)
@@ -218,27 +217,32 @@ def build_plan(
     tasks: list[PlanTask] = []
     subs: list[ClusterTopology] = []
     notes: list[str] = shape_warnings(cluster)
+    if profiles is not None and profile_note:  # where the measured profiles came from (a run, a time)
+        notes.append(f"tuning: {profile_note}")
     for index, task in enumerate(expand_tasks(tuning, cluster)):
         key, comm = _task_key(task, index, tuning, cluster)
         sub = subcluster(cluster, comm.ranks)
         subs.append(sub)
         tasks.append(_baseline_task(key, sub, say))
+    baseline = list(tasks)
     env: dict[str, str] = {}
     step_files: list[PlanFile] = []
     if tuning.tuning.enabled:
-        baseline = tasks
-        tasks, env, step_files, tune_notes = tune_step(tuning, cluster, tasks, say, version, profiles)
+        tasks, env, step_files, tune_notes = tune_step(tuning, cluster, tasks, say, version, profiles,
+                                                       Judge(baseline, subs))  # fmt: skip
         tasks = [_with_bounds(t, b) for t, b in zip(tasks, baseline, strict=True)]
         notes += tune_notes
     if tuning.synthesis.enabled and not runs_msccl(runtime):
         notes.append(NO_MSCCL_NOTE)
     elif tuning.synthesis.enabled:
         before = [t.chosen_estimates for t in tasks]
+        before_defaults = [t.default_estimates for t in tasks]
         xml_files: list[PlanFile] = []
         for index, sub in enumerate(subs):
-            tasks[index], files_of_task = synth_step(tuning, sub, tasks[index], index, say)
+            tasks[index], files_of_task = synth_step(tuning, sub, tasks[index], index, say,
+                                                     baseline[index])  # fmt: skip
             xml_files += files_of_task
-        tasks, xml_files, msccl_notes = msccl_step(runtime, tasks, before, xml_files)
+        tasks, xml_files, msccl_notes = msccl_step(runtime, tasks, before, xml_files, before_defaults)
         notes += msccl_notes
         step_files += xml_files
         if xml_files and runtime == "rccl":

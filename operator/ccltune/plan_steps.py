@@ -14,7 +14,8 @@ from pathlib import Path
 from .api.ccltuning import CCLTuningSpec
 from .api.cluster import ClusterTopology
 from .api.common import format_size
-from .api.plan import Choice, Estimate, PlanFile, PlanTask
+from .api.plan import Choice, Estimate, PlanFile, PlanTask, TaskKey
+from .model.evaluate import EVALUATOR, NotEvaluable, faster, msccl_estimate, nccl_estimate
 from .publish.files import MSCCL_DIR, TUNER_CSV, plan_file
 from .publish.runtime import (
     AlgoMeta,
@@ -26,14 +27,63 @@ from .publish.runtime import (
 from .synth.engine import synthesize
 from .tune.profilers.base import ProfilerError
 from .tune.profilers.replay import ReplayProfiler
+from .tune.space import Config
 from .tune.table import TABLE_FILE
 from .tune.tuner import TUNER_FILE, tune_tasks
 
 Progress = Callable[[str], None]
 
 
+class Judge:
+    """Times tuned picks with the common evaluator (model/evaluate.py) against NCCL's default
+    there: the surface may pick, but a pick the evaluator times no faster is not published."""
+
+    def __init__(self, baseline: list[PlanTask], subs: list[ClusterTopology]) -> None:
+        self.of = {t.key.label(): (t, sub) for t, sub in zip(baseline, subs, strict=True)}
+        self.timed: dict[tuple[str, int], Estimate] = {}
+
+    def default_at(self, key: TaskKey, size: int) -> Estimate:
+        task, sub = self.of[key.label()]
+        for e in task.default_estimates:
+            if e.size_bytes == size:
+                return e
+        return nccl_estimate(key.collective, size, sub)
+
+    def __call__(self, key: TaskKey, size: int, config: Config) -> str | None:
+        _, sub = self.of[key.label()]
+        choice = Choice(kind="nccl", algorithm=config.impl.algorithm, protocol=config.impl.protocol,
+                        channels=config.channels)  # fmt: skip
+        default = self.default_at(key, size)
+        try:
+            est = nccl_estimate(key.collective, size, sub, choice)
+        except NotEvaluable as exc:
+            return f"tuned {choice.describe()} not published: {exc}; NCCL's default is kept"
+        if not faster(est.time_us, default.time_us):
+            return (f"tuned {choice.describe()} not published: the {EVALUATOR} times it at "
+                    f"{est.time_us:.2f} us, no faster than NCCL's default ({default.time_us:.2f} us)")  # fmt: skip
+        self.timed[(key.label(), size)] = est
+        return None
+
+    def retime(self, task: PlanTask) -> PlanTask:
+        """The tuned task with both sides of every row from the evaluator: NCCL's default from
+        the baseline, each published pick as `__call__` timed it."""
+        label = task.key.label()
+        defaults = [self.default_at(task.key, e.size_bytes) for e in task.chosen_estimates]
+        chosen = []
+        for c, d in zip(task.chosen_estimates, defaults, strict=True):
+            choice = c.choice or task.chosen
+            est = self.timed.get((label, c.size_bytes))
+            if choice.kind == "nccl" and choice.realized_by not in (None, "NCCL default") and est:
+                chosen.append(est.model_copy(update={"choice": choice}))
+            else:  # NCCL's own choice runs (a tuner-side MSCCL variant has no file to time)
+                chosen.append(d.model_copy(update={"choice": (d.choice or task.default).model_copy(
+                    update={"realized_by": "NCCL default"})}))  # fmt: skip
+        return task.model_copy(update={"default_estimates": defaults, "chosen_estimates": chosen})
+
+
 def tune_step(spec: CCLTuningSpec, cluster: ClusterTopology, tasks: list[PlanTask], say: Progress,
-              version: str, profiles: Path | None = None) -> tuple[list[PlanTask], dict[str, str], list[PlanFile], list[str]]:  # fmt: skip
+              version: str, profiles: Path | None = None,
+              judge: Judge | None = None) -> tuple[list[PlanTask], dict[str, str], list[PlanFile], list[str]]:  # fmt: skip
     """Tuned tasks, env, files (tuner CSV) and notes; the tasks unchanged when it cannot run.
     `version`: the NCCL under the runtime (publish/runtime.nccl_version). `profiles`: a directory
     of measured profiles (sweep CSVs, nccl-tests logs) to tune on instead of the simulator."""
@@ -47,11 +97,14 @@ def tune_step(spec: CCLTuningSpec, cluster: ClusterTopology, tasks: list[PlanTas
     say(f"tuning {len(tasks)} task(s): {opts.searcher}, simulated profiler, budget {opts.budget}")
     result = tune_tasks([t.key for t in tasks], cluster, searcher=opts.searcher,
                         profiler="simulated", budget=opts.budget, seed=opts.seed,
-                        nccl_version=version)  # fmt: skip
+                        nccl_version=version, keep=judge)  # fmt: skip
     files = [plan_file(TUNER_CSV, result.files[TUNER_FILE])] if TUNER_FILE in result.files else []
     if TABLE_FILE in result.files:  # read by ccltune's tuner plugin (nccl-plugin/)
         files.append(plan_file(TABLE_FILE, result.files[TABLE_FILE]))
-    return result.plan_tasks_by_key(), dict(result.env), files, [
+    tuned = result.plan_tasks_by_key()
+    if judge is not None:
+        tuned = [judge.retime(t) for t in tuned]
+    return tuned, dict(result.env), files, [
         f"tuning: {n}" for n in result.notes
     ]
 
@@ -82,12 +135,16 @@ def _tune_on_profiles(spec: CCLTuningSpec, cluster: ClusterTopology, tasks: list
     return [tuned.get(t.key.label(), t) for t in tasks], dict(result.env), files, notes
 
 
-def _revert(task: PlanTask, before: list[Estimate], sizes: set[int]) -> PlanTask:
-    """The task with its estimates at `sizes` back to what ran before synthesis."""
-    prior = {e.size_bytes: e for e in [*task.default_estimates, *before]}
+def _revert(task: PlanTask, before: list[Estimate], sizes: set[int],
+            before_defaults: list[Estimate] | None = None) -> PlanTask:  # fmt: skip
+    """The task with its estimates at `sizes` back to what ran before synthesis (and its
+    defaults, which synthesis may have re-timed with the common evaluator)."""
+    old = {e.size_bytes: e for e in before_defaults or task.default_estimates}
+    prior = {**old, **{e.size_bytes: e for e in before}}
     # Synthesis only offers sizes of the default estimates, so every size has a prior.
     estimates = [prior[e.size_bytes] if e.size_bytes in sizes else e for e in task.chosen_estimates]
-    return task.model_copy(update={"chosen_estimates": estimates})
+    defaults = [old.get(e.size_bytes, e) if e.size_bytes in sizes else e for e in task.default_estimates]
+    return task.model_copy(update={"chosen_estimates": estimates, "default_estimates": defaults})
 
 
 def _why_not(metas: list[AlgoMeta], claim: AlgoMeta, size: int) -> str:
@@ -99,8 +156,8 @@ def _why_not(metas: list[AlgoMeta], claim: AlgoMeta, size: int) -> str:
             f"{claim.chunks_per_loop}, or the size is outside [minBytes, maxBytes]")  # fmt: skip
 
 
-def msccl_step(runtime: str, tasks: list[PlanTask], before: list[list[Estimate]],
-               files: list[PlanFile]) -> tuple[list[PlanTask], list[PlanFile], list[str]]:  # fmt: skip
+def msccl_step(runtime: str, tasks: list[PlanTask], before: list[list[Estimate]], files: list[PlanFile],
+               before_defaults: list[list[Estimate]] | None = None) -> tuple[list[PlanTask], list[PlanFile], list[str]]:  # fmt: skip
     """MSCCL rows only where the runtime's scheduler selects their file; unclaimed files dropped.
 
     `before[i]`: task i's chosen estimates before synthesis, restored where a file is not run.
@@ -129,7 +186,8 @@ def msccl_step(runtime: str, tasks: list[PlanTask], before: list[list[Estimate]]
                 notes.append(f"{path}: not selected by the {runtime} scheduler at "
                              f"{', '.join(format_size(s) for s in sizes)} ({why}); the choice "
                              "made before synthesis is reported there")  # fmt: skip
-                tasks[i] = _revert(tasks[i], before[i], set(sizes))
+                tasks[i] = _revert(tasks[i], before[i], set(sizes),
+                                   before_defaults[i] if before_defaults else None)  # fmt: skip
                 reverted = True
         unused = set(metas) - claimed
         if not unused and not reverted:
@@ -199,9 +257,24 @@ def _same_call(a: Choice, b: Choice) -> bool:
     return (a.kind, a.algorithm, a.protocol, a.channels) == (b.kind, b.algorithm, b.protocol, b.channels)
 
 
+def _reference(here: Estimate | None, default: Estimate, sub: ClusterTopology, task: PlanTask) -> Estimate:
+    """What runs at a size so far, timed by the common evaluator (a replayed tuned pick is
+    re-timed; one the evaluator cannot time is compared as NCCL's default)."""
+    if here is None or here.evaluator == EVALUATOR:
+        return here or default
+    choice = here.choice
+    if choice is not None and choice.kind == "nccl" and choice.realized_by != "NCCL default":
+        try:
+            return nccl_estimate(task.key.collective, here.size_bytes, sub, choice)
+        except NotEvaluable:
+            pass
+    return default
+
+
 def synth_step(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask, index: int,
-               say: Progress) -> tuple[PlanTask, list[PlanFile]]:  # fmt: skip
-    """The task with MSCCL where a synthesized schedule is faster; its XML files."""
+               say: Progress, baseline: PlanTask | None = None) -> tuple[PlanTask, list[PlanFile]]:  # fmt: skip
+    """The task with MSCCL where a synthesized schedule is faster; its XML files. Both sides are
+    timed by the common evaluator: `baseline` holds its NCCL-default estimates."""
     key = task.key
     sizes = [e.size_bytes for e in task.default_estimates]
     say(f"synthesizing {key.collective} on {key.ranks} ranks ({len(sizes)} sizes)")
@@ -221,22 +294,30 @@ def synth_step(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask, index:
                 file_at[s.size_bytes] = path_of[Path(r.xml_file).name]
     # What the task runs so far at each size: tuning's buckets, else NCCL's default.
     current = {e.size_bytes: e for e in [*task.default_estimates, *task.chosen_estimates]}
+    defaults = {e.size_bytes: e for e in task.default_estimates}
+    common = {e.size_bytes: e for e in (baseline or task).default_estimates}
     used: set[str] = set()
     for s in res.sizes:
         path = file_at.get(s.size_bytes)
-        here = current.get(s.size_bytes)
-        if path and (here is None or s.estimate.time_us < here.time_us):
-            choice = Choice(kind="msccl", algorithm=s.chosen, protocol=s.protocol,
-                            msccl_file=path)  # fmt: skip
-            current[s.size_bytes] = s.estimate.model_copy(update={"choice": choice})
+        schedule = res.schedules.get(s.chosen)
+        if not path or schedule is None or s.size_bytes not in common:
+            continue
+        choice = Choice(kind="msccl", algorithm=s.chosen, protocol=s.protocol, msccl_file=path)
+        est = msccl_estimate(key.collective, s.size_bytes, sub, schedule, s.protocol, choice)
+        ref = _reference(current.get(s.size_bytes), common[s.size_bytes], sub, task)
+        if faster(est.time_us, ref.time_us):
+            current[s.size_bytes] = est
+            defaults[s.size_bytes] = common[s.size_bytes]  # its default from the same evaluator
             used.add(path)
     estimates = [current[size] for size in sorted(current)]
     if not res.symmetric:
         notes.append("synthesis: asymmetric communicator, NCCL kept (see the note above)")
     top = estimates[-1].choice if estimates and estimates[-1].choice else task.chosen
     files = [plan_file(p, xml[name]) for name, p in path_of.items() if p in used]
-    return task.model_copy(update={"chosen_estimates": estimates, "chosen": top,
-                                   "notes": notes}), files  # fmt: skip
+    return task.model_copy(update={
+        "chosen_estimates": estimates, "chosen": top, "notes": notes,
+        "default_estimates": [defaults[size] for size in sorted(defaults)],
+    }), files  # fmt: skip
 
 
 __all__ = ["msccl_step", "realize_step", "synth_step", "tune_step"]

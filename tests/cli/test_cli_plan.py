@@ -29,8 +29,13 @@ def ccltune(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedP
 
 
 def test_plan_on_a_preset_writes_files_manifests_and_reports(tmp_path: Path) -> None:
+    # The example targets msccl-executor-nccl; on stock NCCL the same spec plans without MSCCL.
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["publish"]["runtime"] = "nccl"
+    spec = tmp_path / "ccltuning-nccl.yaml"
+    spec.write_text(yaml.safe_dump(doc))
     out = tmp_path / "plan"
-    result = ccltune("plan", EXAMPLE, "--cluster", "dgx-h100-2", "--out", out)
+    result = ccltune("plan", spec, "--cluster", "dgx-h100-2", "--out", out)
     assert result.returncode == 0, result.stderr
     assert "simulated" in result.stdout and "busbw" in result.stdout
     assert "runtime stock NCCL" in result.stdout and " via" in result.stdout

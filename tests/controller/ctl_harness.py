@@ -533,7 +533,10 @@ class Kubelet:
         self.expired.add(f"{ns}/{name}")
         proc = self.processes.get(f"{ns}/{name}")
         if proc is not None and proc.returncode is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            # coreutils `timeout` puts itself in a new process group: kill the tree by pid.
+            for pid in [proc.pid, *_descendants(proc.pid)]:  # the shell first: it starts no more
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         obj = self.cluster.get("kubeflow.org/v2beta1", "mpijobs", name, ns)
         api, plural = ("kubeflow.org/v2beta1", "mpijobs") if obj is not None else ("batch/v1", "jobs")
         cond = {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "lastTransitionTime": _now(),
@@ -595,6 +598,21 @@ def operator_env(cluster: Cluster, **overrides: str) -> dict[str, str]:
     })
     env.update(overrides)
     return env
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below `root` (Linux /proc), children first."""
+    parent: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    out: list[int] = []
+    frontier = [root]
+    while frontier:
+        kids = [pid for pid, ppid in parent.items() if ppid in frontier]
+        out = kids + out
+        frontier = kids
+    return out
 
 
 def free_port() -> int:

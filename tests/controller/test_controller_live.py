@@ -77,6 +77,10 @@ def test_live_tuning_measures_stores_and_reuses(cluster: Cluster, operator: Oper
     assert "(measured)" in status["speedup"]
     tuned = condition(cluster, NS, "measured", "Tuned")
     assert tuned is not None and f"measured by MPIJob {OPERATOR_NS}/{run}" in tuned["message"]
+    # The report published with the plan says so too.
+    published = [v for cm in cluster.list("v1", "configmaps", NS) for v in (cm.get("data") or {}).values()]
+    assert any(f"source measured: profiles {m['configMap']}, measured by MPIJob {OPERATOR_NS}/{run}" in v
+               for v in published)
 
     (cm,) = profiles(cluster)
     assert cm["data"]["source"] == "measured"

@@ -44,7 +44,22 @@ def test_protocol_moves_from_ll_to_simple_with_size(dgx) -> None:
     assert mid.protocol == "LL128"
     assert (big.algorithm, big.protocol) == ("ring", "Simple")
     # enqueue.cc: tiny messages run on one channel.
-    assert small.channels == 1 and big.channels == nccl_graph(dgx).channels
+    # connect.cc ncclTopoPostset: the kernels run twice the search's 14 channels.
+    assert small.channels == 1 and big.channels == nccl_graph(dgx).comm_channels == 28
+
+
+def test_channel_duplication_follows_search_and_postset() -> None:
+    # search.cc ncclTopoDupChannels: sm90 at 48 GB/s with 8 channels is not duplicated (25-50 GB/s,
+    # > 4 channels); ncclTopoPostset still doubles them for the kernels.
+    h100 = spec_topology(2, 8, "nvswitch", nics=8, intra_bw=450.0, nic_gbps=50.0,
+                         gpu_model="H100-SXM5-80GB")  # fmt: skip
+    g = nccl_graph(h100)
+    assert (g.speed_gbps, g.channels, g.comm_channels) == (48.0, 8, 16)
+    assert nccl_default("allreduce", 1 << 30, h100).choice.channels == 16
+    # With 2 channels of 48 GB/s the search duplicates them (4 x 24), the postset doubles again.
+    narrow = spec_topology(2, 8, "nvswitch", nics=8, gpu_model="H100-SXM5-80GB")
+    g2 = nccl_graph(narrow)
+    assert (g2.speed_gbps, g2.channels, g2.comm_channels) == (24.0, 4, 8)
 
 
 def test_multi_node_small_allreduce_uses_tree(two_nodes) -> None:

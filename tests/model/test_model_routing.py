@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from cost_model_topos import spec_topology
 
 from ccltune.api.cluster import ClusterNode, ClusterTopology, Device, Link
 from ccltune.model.routing import Router, RoutingError
@@ -164,3 +165,23 @@ def test_paths_csr_matches_path() -> None:
     for i, (s, d) in enumerate(pairs):
         assert tuple(chans[off[i] : off[i + 1]].tolist()) == r.path(s, d)
         assert lat[i] == pytest.approx(r.path_latency(s, d))
+
+
+def test_inter_node_routes_leave_by_the_source_gpus_home_nic() -> None:
+    # Two GPUs and two NICs per PCIe switch, NIC i on rail i, rails joined by a spine (the
+    # MI300X 2x8 set's shape). A route to a GPU on another rail must still leave by the source's
+    # own NIC (NCCL's channel NIC), not by a rail an ECMP hash picks at the spine.
+    topo = spec_topology(2, 8, "fully_connected", nics=8, layout="rail",
+                         tiers=[{"name": "rail", "size": 2},
+                                {"name": "spine", "size": 1, "oversubscription": 1.0}])  # fmt: skip
+    r = Router(topo)
+    names = r.vertex_names
+    first_nics = set()
+    for src in range(8):
+        home = names[int(r.home_nic[r.rank_vertex[src]])]
+        for dst in range(8, 16):
+            nics = [r.channel_name(c).split("->")[0] for c in r.path(src, dst)]
+            nics = [n for n in nics if "nic" in n]
+            assert nics[0] == home, (src, dst, nics)
+        first_nics.add(home)
+    assert len(first_nics) == 8  # every NIC of the node is some GPU's home

@@ -150,7 +150,7 @@ def test_a_per_call_restriction_never_reaches_nccl_conf(monkeypatch: pytest.Monk
     import ccltune.pipeline as pipeline
 
     def leaky(_spec: object, _cluster: object, tasks: list[PlanTask], _say: object,
-              _version: str, _profiles: object = None) -> tuple[list[PlanTask], dict[str, str], list[PlanFile], list[str]]:  # fmt: skip
+              _version: str, _profiles: object = None, _judge: object = None) -> tuple[list[PlanTask], dict[str, str], list[PlanFile], list[str]]:  # fmt: skip
         return tasks, {"NCCL_ALGO": "allreduce:tree,ring"}, [], []
 
     monkeypatch.setattr(pipeline, "tune_step", leaky)

@@ -34,7 +34,7 @@ def sanitized(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("asan")
     so, drv = out / "libccltune-tuner.so", out / "driver"
     p = subprocess.run([cc, "-std=c11", *SANITIZE, "-fPIC", "-shared", "-o", str(so), str(PLUGIN_DIR / "plugin.c"),
-                        str(PLUGIN_DIR / "table.c")], capture_output=True, text=True)
+                        str(PLUGIN_DIR / "table.c"), str(PLUGIN_DIR / "trial.c")], capture_output=True, text=True)
     if p.returncode and "asan" in p.stderr.lower():
         pytest.skip(f"the compiler has no sanitizer runtime: {p.stderr.strip()[:200]}")
     assert p.returncode == 0, p.stderr

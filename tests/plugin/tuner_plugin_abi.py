@@ -65,7 +65,7 @@ def build(out: Path) -> tuple[Path, Path]:
     else:  # the Makefile's own command line
         subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-Wpedantic", "-fPIC", "-fvisibility=hidden",
                         "-O2", "-shared", "-o", str(out / "libccltune-tuner.so"),
-                        str(PLUGIN_DIR / "plugin.c"), str(PLUGIN_DIR / "table.c")], check=True)
+                        str(PLUGIN_DIR / "plugin.c"), str(PLUGIN_DIR / "table.c"), str(PLUGIN_DIR / "trial.c")], check=True)
     shim = out / "liblogshim.so"
     subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-fPIC", "-shared", "-o", str(shim), str(HERE / "logshim.c")],
                    check=True)

@@ -43,8 +43,8 @@ def _estimate(size: int, time_us: float, choice: Choice, bound_us: float | None,
 
 
 def _plan() -> Plan:
-    """Two tasks: one with NCCL default, tuned and synthesized rows (replayed and simulated), one
-    left entirely to NCCL without bounds."""
+    """Two tasks: one with NCCL default, tuned and synthesized rows (replayed and simulated; both
+    sides of a row from one source), one left entirely to NCCL."""
     default = Choice(kind="nccl", algorithm="ring", protocol="LL", channels=4, realized_by="NCCL default")
     tuned = Choice(kind="nccl", algorithm="tree", protocol="LL128", channels=8, realized_by="tuner row 3")
     synth = Choice(kind="msccl", algorithm=NASTY, protocol="Simple", msccl_file="msccl/a|b.xml",
@@ -53,13 +53,15 @@ def _plan() -> Plan:
     key = TaskKey(collective=Collective.ALLGATHER, min_bytes=SIZES[0], max_bytes=SIZES[-1], ranks=16, nodes=2)
     t1 = PlanTask(
         key=key, default=default, chosen=synth, trials=12, notes=["a note with a | pipe"],
-        default_estimates=[_estimate(s, 10.0 + s / 4e4, default, 5.0 + s / 6e4) for s in SIZES],
-        chosen_estimates=[_estimate(s, (10.0 + s / 4e4) / (1 + i * 0.3), c, 5.0 + s / 6e4,
+        default_estimates=[_estimate(s, 10.0 + s / 4e4, default, 2.0 + s / 1e5,
+                                     Source.REPLAYED if c is tuned else Source.SIMULATED)
+                           for s, c in zip(SIZES, chosen, strict=True)],
+        chosen_estimates=[_estimate(s, (10.0 + s / 4e4) / (1 + i * 0.3), c, 2.0 + s / 1e5,
                                     Source.REPLAYED if c is tuned else Source.SIMULATED)
                           for i, (s, c) in enumerate(zip(SIZES, chosen, strict=True))],
     )  # fmt: skip
     key2 = key.model_copy(update={"collective": Collective.ALLREDUCE, "role": "tp", "nodes": 1})
-    plain = [_estimate(s, 20.0 + s / 3e4, default, None) for s in SIZES]
+    plain = [_estimate(s, 20.0 + s / 3e4, default, 2.0 + s / 1e5) for s in SIZES]
     t2 = PlanTask(key=key2, default=default, chosen=default, default_estimates=plain,
                   chosen_estimates=plain)  # fmt: skip
     plan = Plan(name="p|q", cluster="c", runtime="msccl", world_size=16, nodes=2, tasks=[t1, t2],
@@ -164,11 +166,11 @@ def test_each_task_plots_one_curve_per_kind_labelled_with_its_source() -> None:
     first = svgs[plot_path(0, report.tasks[0])]
     assert _curves(first) == {"curve-default", "curve-tuned", "curve-synthesized", "curve-bound"}
     legend = _texts(first)
-    assert "NCCL default (simulated)" in legend
+    assert "NCCL default (replayed+simulated)" in legend  # each row's default shares its source
     assert "tuned NCCL (replayed+simulated)" in legend  # the curve runs through kept defaults
     assert "synthesized MSCCL (simulated)" in legend and "lower bound (cost model)" in legend
-    # Left to NCCL without a bound: only NCCL's curve, no empty legend entries.
-    assert _curves(svgs[plot_path(1, report.tasks[1])]) == {"curve-default"}
+    # Left to NCCL: only NCCL's curve and its bound, no empty legend entries.
+    assert _curves(svgs[plot_path(1, report.tasks[1])]) == {"curve-default", "curve-bound"}
     assert _curves(svgs[SUMMARY_PLOT]) == {"speedup-1", "speedup-2"}
     assert "geomean" in _texts(svgs[SUMMARY_PLOT])
 

@@ -202,3 +202,20 @@ def test_tuner_searches_variants_within_its_budget_and_reports_the_winner(tmp_pa
         assert t.chosen_measure.time_us < t.default_measure.time_us
         nccl_run = next(n for n in runs["nccl"].tasks if n.size == t.size)
         assert t.chosen_measure.time_us < nccl_run.chosen_measure.time_us
+
+
+def test_interpolated_times_are_labelled_in_the_tuner_notes(tmp_path: Path) -> None:
+    from ccltune.tune.tuner import tune_tasks
+
+    rows = [f"allreduce,{size},ring,{proto},{ch},1,8,latency,0,{t}"
+            for size, scale in ((M, 1.0), (4 * M, 3.0), (2 * M, 2.0))
+            for proto, ch, t in (("Simple", 8, 100.0 * scale), ("LL", 8, 90.0 * scale))
+            if not (size == 2 * M and proto == "LL")]  # LL not measured at 2M: interpolated there
+    table = tmp_path / "t.csv"
+    table.write_text("\n".join([HEADER, *rows]) + "\n")
+    key = TaskKey(collective="allreduce", min_bytes=M, max_bytes=4 * M, ranks=8, nodes=1)
+    result = tune_tasks([key], load_cluster("dgx-h100-1"), profiler=f"replay:{table}", fallback="interpolate",
+                        budget=5, verify_reps=1)
+    at_2m = next(t for t in result.tasks if t.size == 2 * M)
+    assert at_2m.chosen_measure.note.startswith("interpolated between measured")
+    assert any("interpolated between measured" in n and "not measured at 2097152 bytes" in n for n in at_2m.notes)

@@ -156,7 +156,12 @@ app.kubernetes.io/component: {{ .component }}
   "log_format" $op.logFormat
   "unpack_image" (include "ccltune.unpackImage" .)
   "unpack_resources" .Values.webhook.unpack.resources
+  "benchmark_gpu_resource" .Values.benchmark.gpuResource
+  "benchmark_grace_seconds" .Values.benchmark.graceSeconds
 -}}
+{{- with .Values.benchmark.image }}
+{{- $_ := set $cfg "benchmark_image" . }}
+{{- end }}
 {{- if .Values.webhook.enabled }}
 {{- $_ := set $cfg "webhook_addr" "0.0.0.0" }}
 {{- $_ := set $cfg "webhook_host" (printf "%s.%s.svc" (include "ccltune.webhookServiceName" .) .Release.Namespace) }}

@@ -58,6 +58,8 @@ class Estimate(WireModel):
     bound_us: float | None = None  # lower bound on time at this size
     pct_of_bound: float | None = None  # bound_us / time_us * 100
     choice: Choice | None = None  # what ran at this size, when it varies by size
+    # Which model timed it (model/evaluate.py); speedups divide only times of one evaluator.
+    evaluator: str | None = None
 
 
 class PlanTask(WireModel):

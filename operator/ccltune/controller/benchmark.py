@@ -194,7 +194,7 @@ def placement(plan: BenchPlan, spec: CCLTuningSpec, tuning_ns: str, bench_name: 
             {"labelSelector": {"matchLabels": {LABEL_BENCH: bench_name}}, "topologyKey": hostname}]},
     }
     sel = pod_selector(spec)
-    selector = sel.wire()
+    selector = {k: v for k, v in sel.wire().items() if v}  # empty lists are noise in the manifest
     if not spec.tuning.benchmark_on_busy_nodes and not selector_is_empty(sel):
         affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"].append(
             {"labelSelector": selector, "namespaces": [tuning_ns], "topologyKey": hostname})

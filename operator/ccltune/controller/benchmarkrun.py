@@ -38,6 +38,15 @@ class Profiles:
     record: MeasuredProfile
     notes: list[str]
 
+    def describe(self) -> str:
+        """For the plan's notes (the report): which run measured the numbers, when, what is missing."""
+        rec = self.record
+        text = (f"source measured: profiles {rec.config_map}, measured by {rec.job or 'an unnamed run'} "
+                f"at {rec.measured_at or 'an unknown time'}")
+        if rec.missing_points:
+            text += f"; {rec.missing_points} point(s) timed out or failed and are missing (not zero)"
+        return "; ".join([text, *self.notes])
+
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -37,15 +37,16 @@ FORMAT = 1
 
 
 def plan_input(spec: CCLTuningSpec, cluster: ClusterTopology, *, name: str,
-               profiles: dict[str, str] | None = None) -> dict[str, Any]:
+               profiles: dict[str, str] | None = None, profile_note: str | None = None) -> dict[str, Any]:
     payload = {"format": FORMAT, "name": name, "spec": spec.wire(), "cluster": cluster.wire()}
-    if profiles:  # measured profiles to tune on (file name -> text); absent otherwise
+    if profiles:  # measured profiles to tune on (file name -> text) and where they came from
         payload["profiles"] = dict(sorted(profiles.items()))
+        payload["profileNote"] = profile_note or ""
     return payload
 
 
 def plan_with_profiles(spec: CCLTuningSpec, cluster: ClusterTopology, name: str,
-                       profiles: dict[str, str] | None) -> Plan:
+                       profiles: dict[str, str] | None, note: str | None = None) -> Plan:
     """build_plan, tuned on the measured profiles when there are any (written to a scratch dir,
     which is what ccltune plan --profiles reads)."""
     from ..pipeline import build_plan
@@ -55,7 +56,7 @@ def plan_with_profiles(spec: CCLTuningSpec, cluster: ClusterTopology, name: str,
     with tempfile.TemporaryDirectory(prefix="ccltune-profiles-") as tmp:
         for file_name, text in profiles.items():
             (Path(tmp) / Path(file_name).name).write_text(text)
-        return build_plan(spec, cluster, name=name, profiles=Path(tmp))
+        return build_plan(spec, cluster, name=name, profiles=Path(tmp), profile_note=note)
 
 
 def input_hash(payload: dict[str, Any], namespace: str) -> str:

@@ -35,7 +35,7 @@ async def run(namespace: str, input_cm: str, output_cm: str, job_name: str | Non
             spec = CCLTuningSpec.model_validate(payload["spec"])
             cluster = ClusterTopology.model_validate(payload["cluster"])
             plan = await asyncio.to_thread(plan_with_profiles, spec, cluster, payload["name"],
-                                           payload.get("profiles"))
+                                           payload.get("profiles"), payload.get("profileNote"))
         except ValidationError as exc:
             return await _fail(client, output_cm, namespace, job, f"bad plan input: {one_line(exc)}")
         except InputError as exc:  # the pipeline's error goes to the CCLTuning, not a traceback

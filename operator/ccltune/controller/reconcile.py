@@ -192,11 +192,12 @@ async def _reconcile(ctx: Context, body: dict[str, Any], book: StatusBook, *, st
     work = _preflight(ctx, spec, cluster, book)
     profiles = await _profiles(ctx, body, spec, cluster, book)
     files = profiles.files if profiles is not None else None
-    input_digest = jobs.input_hash(jobs.plan_input(spec, cluster, name=name, profiles=files), ns)
+    note = profiles.describe() if profiles is not None else None
+    input_digest = jobs.input_hash(jobs.plan_input(spec, cluster, name=name, profiles=files, profile_note=note), ns)
     if await _up_to_date(ctx, body, spec, input_digest, book):
         _ready_set(meta, True)
         return  # e.g. an operator restart: same inputs, same plan, nothing to redo
-    plan = await _plan(ctx, body, spec, cluster, work, book, logger, files)
+    plan = await _plan(ctx, body, spec, cluster, work, book, logger, files, note)
     await _publish(ctx, body, spec, plan, book, input_digest)
     _measured(book, profiles)
     await write_status(ctx, body, book)
@@ -380,7 +381,8 @@ def _preflight(ctx: Context, spec: CCLTuningSpec, cluster: ClusterTopology, book
 
 
 async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
-                work: Workload, book: StatusBook, logger: Any, profiles: dict[str, str] | None = None) -> Plan:
+                work: Workload, book: StatusBook, logger: Any, profiles: dict[str, str] | None = None,
+                note: str | None = None) -> Plan:
     meta = body["metadata"]
     why = jobs.needs_job(spec, cluster, work, ctx.cfg)
     if why is None:
@@ -393,7 +395,7 @@ async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster
         try:
             async with queue.slot((meta["namespace"], meta["name"]), work.units):
                 t0 = time.monotonic()
-                plan = await asyncio.to_thread(jobs.plan_with_profiles, spec, cluster, meta["name"], profiles)
+                plan = await asyncio.to_thread(jobs.plan_with_profiles, spec, cluster, meta["name"], profiles, note)
         except InputError as exc:
             _plan_failed(book, spec, "InvalidSpec", str(exc))
             raise Stop(str(exc)) from None
@@ -403,14 +405,15 @@ async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster
             raise Stop(str(exc)) from None
         metrics.PLAN_SECONDS.labels("operator").observe(time.monotonic() - t0)
         return plan
-    return await _plan_in_job(ctx, body, spec, cluster, book, why, profiles)
+    return await _plan_in_job(ctx, body, spec, cluster, book, why, profiles, note)
 
 
 async def _plan_in_job(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
-                       book: StatusBook, why: str, profiles: dict[str, str] | None = None) -> Plan:
+                       book: StatusBook, why: str, profiles: dict[str, str] | None = None,
+                       note: str | None = None) -> Plan:
     meta = body["metadata"]
     ns, jns = meta["namespace"], ctx.cfg.namespace
-    payload = jobs.plan_input(spec, cluster, name=meta["name"], profiles=profiles)
+    payload = jobs.plan_input(spec, cluster, name=meta["name"], profiles=profiles, profile_note=note)
     names = jobs.JobNames(jobs.input_hash(payload, ns))
     result = await ctx.client.get("v1", "configmaps", names.result, jns)
     if result is not None:

@@ -136,7 +136,9 @@ SM90_SPEED_ARRAY_INTRA = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 
 SM90_SPEED_ARRAY_INTER = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
                           3.0, 2.4, 1.2, 0.24, 0.12)  # fmt: skip
 
-MAXCHANNELS = 32  # src/include/device.h (v2.19); the search looks for at most MAXCHANNELS/2
+# src/include/device.h: 32 up to NCCL 2.24 (64 from 2.25.1, commit 80f6bda4). Plans target 2.24 by
+# default and the tune space stops at 32, so the model keeps 32; the ring search uses at most half.
+MAXCHANNELS = 32
 # NVLS uses its own channel (CTA) count, not the ring search's: NCCL 2.30.7 src/transport/nvls.cc
 # NVLS_NCHANNELS_SM90 16; SM100 32 across nodes, NVLS_NCHANNELS_SM100_NVL 24 on one node.
 NVLS_CHANNELS = {"hopper": (16, 16), "blackwell": (24, 32)}  # (one node, several nodes)

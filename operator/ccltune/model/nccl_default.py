@@ -8,7 +8,10 @@ small sizes. We rebuild its inputs from the ClusterTopology instead of from NCCL
 - ring/tree graphs: per-channel speed = the highest entry of NCCL's speed array (search.cc, sm90
   array on Hopper) that fits the GPU's ring bandwidth (sum of its NVLink/xGMI links, else its PCIe
   link; across nodes also the node's NIC bandwidth per rail-ring), channels = bandwidth / speed
-  up to MAXCHANNELS/2, then NCCL's channel duplication when the speed is >= 25 GB/s.
+  up to MAXCHANNELS/2, then NCCL's channel duplication when the speed is >= 25 GB/s
+  (search.cc ncclTopoDupChannels). Its bandwidth model counts these graph channels; the kernels run
+  on comm->nChannels, which connect.cc ncclTopoPostset doubles (and doubles again on Hopper across
+  nodes when a channel's speed exceeds 45 GB/s and fewer than 16 remain).
 - bandwidth refinements, latencies, tree correction factors, ring plateau: tuning.cc restated.
 - the simulated pipeline uses NCCL's chunk sizes (enqueue.cc calcCollChunking; tree/LL128 halves
   its chunk for mid sizes), within a transfer budget (docs/cost-model.md).
@@ -68,10 +71,15 @@ class NcclGraph:
     intra_kind: LinkKind  # NVLINK (incl. xGMI) or PCIE
     ring_bw_gbps: float  # per-GPU bandwidth a ring can use
     speed_gbps: float  # per-channel bandwidth (bwIntra = bwInter)
-    channels: int
+    channels: int  # graph channels: the bandwidth model's nChannels (tuning.cc)
     ll128_ok: bool
     nranks: int
     nnodes: int
+    comm_channels: int = 0  # comm->nChannels after ncclTopoPostset: the kernels' channels
+
+    @property
+    def run_channels(self) -> int:
+        return self.comm_channels or self.channels
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +117,25 @@ def nccl_graph(topo: ClusterTopology) -> NcclGraph:
     arr = intra_arr if nn == 1 else inter_arr
     speed = next((s for s in arr if s <= ring_bw), arr[-1])
     channels = max(1, min(MAXCHANNELS // 2, int(ring_bw // speed)))
-    if speed >= 25.0:  # search.cc ncclTopoDupChannels: duplicate fast channels, halve their speed
-        channels, speed = min(2 * channels, MAXCHANNELS), speed / 2
+    if _duplicates(speed, channels, cc):
+        channels, speed = min(2 * channels, MAXCHANNELS // 2), speed / 2
+    comm = min(MAXCHANNELS, 2 * channels)  # connect.cc ncclTopoPostset: "Duplication"
+    if (cc or 0) >= 90 and nn > 1 and speed > 45.0 and comm < 16:
+        comm *= 2  # "Use 4 compute channels per search channel to reach peak BW on <8 PPN"
     ll128 = intra_kind == LinkKind.NVLINK and arch is not None
     if nn > 1 and ll128:
         ll128 = arch == Arch.HOPPER or _nic_near_gpu(topo)
-    return NcclGraph(arch, cc, intra_kind, ring_bw, speed, channels, ll128, topo.world_size, nn)
+    return NcclGraph(
+        arch, cc, intra_kind, ring_bw, speed, channels, ll128, topo.world_size, nn, comm
+    )
+
+
+def _duplicates(speed: float, channels: int, cc: int | None) -> bool:
+    """search.cc ncclTopoDupChannels (2.30.7): fast channels are duplicated at half the speed,
+    except on post-Ampere GPUs between 25 and 50 GB/s with more than 4 channels."""
+    if speed < 25.0:
+        return False
+    return not ((cc or 0) > 80 and speed < 50.0 and channels > 4)
 
 
 def _node_nic_bw(topo: ClusterTopology) -> float:
@@ -228,7 +249,7 @@ def predicted_time_us(
     lat = nccl_latency_us(algo, proto, g.intra_kind, g.nranks, g.nnodes, collective=coll.value)
     if (
         algo == "ring" and proto == "Simple" and g.nnodes > 1 and coll == Collective.ALLREDUCE
-        and size_bytes / (g.channels * g.nranks) >= 64
+        and size_bytes / (g.run_channels * g.nranks) >= 64
     ):  # fmt: skip
         lat *= 1.9 if (g.comp_cap or 80) < 80 else 1.4  # NCCL: "plateau effect of ring"
     return lat + size_bytes / (1000.0 * bw)
@@ -236,7 +257,7 @@ def predicted_time_us(
 
 def _channels_threads(g: NcclGraph, algo: str, proto: str, size_bytes: int) -> tuple[int, int]:
     """enqueue.cc: drop channels, then halve threads, while the message is too small for them."""
-    nc = g.channels
+    nc = g.run_channels
     if algo == "ring" and proto == "Simple":
         nt = 256 if g.speed_gbps * g.channels <= PCI_BW else MAX_THREADS["Simple"]
     else:
@@ -327,19 +348,21 @@ def default_estimate(
     router: Router | None = None,
     max_transfers: int = 50_000,
     with_bound: bool = True,
+    choice: Choice | None = None,
 ) -> Estimate:
-    """Simulate NCCL's default choice (its baseline schedule, protocol and channels)."""
+    """Simulate NCCL's default choice (its baseline schedule, protocol and channels), or the
+    NCCL `choice` given (a tuned algorithm/protocol/channels; model/evaluate.py)."""
     coll = Collective(collective)
     if topo.world_size < 2:
         raise ValueError(
             f"cluster {topo.name!r} has 1 GPU: a collective there moves no data, nothing to estimate"
         )
-    d = nccl_default(coll, size_bytes, topo)
+    run = choice or nccl_default(coll, size_bytes, topo).choice
     g = nccl_graph(topo)
-    algo = d.choice.algorithm or "ring"
-    proto = d.choice.protocol or "Simple"
+    algo = run.algorithm or "ring"
+    proto = run.protocol or "Simple"
     sched_algo = "direct" if algo == "p2p" else algo
-    channels = d.choice.channels or g.channels
+    channels = run.channels or g.run_channels
     chunks, sim_channels = simulation_shape(
         coll,
         sched_algo,
@@ -376,5 +399,5 @@ def default_estimate(
         source=Source.SIMULATED,
         bound_us=bound_us,
         pct_of_bound=pct,
-        choice=d.choice,
+        choice=run,
     )

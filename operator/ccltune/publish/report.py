@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 from pydantic import ValidationError
 
 from ..api.common import format_size
-from ..api.errors import InputError
-from ..api.plan import Plan, PlanTask, TaskKey
+from ..api.errors import InputError, InternalError
+from ..api.plan import Estimate, Plan, PlanTask, TaskKey
 
 RUNTIME_LINE = {
     "nccl": "stock NCCL (no MSCCL: every row is NCCL's own choice or a tuner-table row)",
@@ -44,6 +44,32 @@ class Row:
     choice: str
     realized_by: str  # what makes the runtime do it: NCCL default, tuner row N, msccl/<file>
     category: str  # DEFAULT, TUNED or SYNTHESIZED
+    evaluator: str = ""  # the one model (or table) that timed both sides of the speedup
+
+
+class ReportBug(InternalError):
+    """A row the plan should never have produced (two evaluators, or faster than its bound)."""
+
+
+# Relative slack for float rounding when a time is compared with its bound.
+_BOUND_SLACK = 1e-9
+
+
+def _evaluator(e: Estimate) -> str:
+    return e.evaluator or str(e.source)
+
+
+def _check_row(task: PlanTask, d: Estimate, c: Estimate) -> None:
+    """Both sides from one evaluator, both carrying a bound and neither beating it."""
+    where = f"{task.key.label()} at {format_size(c.size_bytes)}"
+    if _evaluator(d) != _evaluator(c):
+        raise ReportBug(f"{where}: the speedup would divide {_evaluator(d)} by {_evaluator(c)}")
+    for side, e in (("default", d), ("chosen", c)):
+        if e.bound_us is None:
+            raise ReportBug(f"{where}: the {side} row carries no bound")
+        if e.time_us < e.bound_us * (1 - _BOUND_SLACK):
+            raise ReportBug(f"{where}: the {side} row takes {e.time_us:.3f} us, below its bound "
+                            f"{e.bound_us:.3f} us (busbw above the physical limit)")  # fmt: skip
 
 
 def _category(kind: str, realized_by: str) -> str:
@@ -55,26 +81,28 @@ def _category(kind: str, realized_by: str) -> str:
 def task_rows(task: PlanTask) -> list[Row]:
     rows = []
     for d, c in zip(task.default_estimates, task.chosen_estimates, strict=True):
+        _check_row(task, d, c)
         choice = c.choice or task.chosen
         bound_busbw = None if c.bound_us is None else c.busbw_gbps * c.time_us / c.bound_us
         realized_by = choice.realized_by or "NCCL default"
         rows.append(
             Row(
                 size=d.size_bytes,
-                default_time_us=round(d.time_us, 3),
+                default_time_us=d.time_us,  # unrounded: speedup == default / chosen exactly
                 default_busbw_gbps=round(d.busbw_gbps, 3),
                 default_source=str(d.source),
-                time_us=round(c.time_us, 3),
+                time_us=c.time_us,
                 algbw_gbps=round(c.algbw_gbps, 3),
                 busbw_gbps=round(c.busbw_gbps, 3),
                 bound_busbw_gbps=None if bound_busbw is None else round(bound_busbw, 3),
                 pct_of_bound=None if c.pct_of_bound is None else round(c.pct_of_bound, 1),
-                speedup=round(d.time_us / c.time_us, 3),
+                speedup=d.time_us / c.time_us,
                 source=str(c.source),
                 default_choice=(d.choice or task.default).describe(),
                 choice=choice.describe(),
                 realized_by=realized_by,
                 category=_category(choice.kind, realized_by),
+                evaluator=_evaluator(c),
             )
         )
     return rows
@@ -144,6 +172,7 @@ def report_json(report: Report) -> str:
 
 
 _ROW_FIELDS = {f.name for f in fields(Row)}
+_ROW_REQUIRED = {f.name for f in fields(Row) if f.default is MISSING}
 
 
 def parse_report_json(text: str, where: str = "report.json") -> Report:
@@ -160,10 +189,10 @@ def parse_report_json(text: str, where: str = "report.json") -> Report:
             rows = []
             for j, r in enumerate(t["rows"]):
                 path = f"{where}: tasks[{i}].rows[{j}]"
-                missing = sorted(_ROW_FIELDS - set(r))
+                missing = sorted(_ROW_REQUIRED - set(r))
                 if missing:
                     raise KeyError(", ".join(missing))
-                rows.append(Row(**{k: r[k] for k in _ROW_FIELDS}))
+                rows.append(Row(**{k: r[k] for k in _ROW_FIELDS if k in r}))
             path = f"{where}: tasks[{i}].key"
             tasks.append(ReportTask(key=TaskKey.model_validate(t["key"]), default=t["default"],
                                     chosen=t["chosen"], trials=t.get("trials"),
@@ -214,7 +243,8 @@ INTRO = [
     "number came from (simulated: ccltune's event simulator; replayed: a measured table;",
     "measured: a live run). Realized by names what makes the runtime do the chosen row:",
     "NCCL's own choice, a row of the tuner table, an MSCCL file, or nccl.conf's process-wide",
-    "settings (docs/runtimes.md).",
+    "settings (docs/runtimes.md). Both sides of every speedup are timed by one evaluator,",
+    "named in the source column (docs/cost-model.md, \"One evaluator\").",
 ]
 
 TABLE_HEADER = ["size", "NCCL default", "default µs", "default busbw", "chosen", "chosen µs",
@@ -237,10 +267,15 @@ def table_cells(task: ReportTask) -> list[list[str]]:
             "" if r.bound_busbw_gbps is None else f"{r.bound_busbw_gbps:.2f}",
             "" if r.pct_of_bound is None else f"{r.pct_of_bound:.1f}%",
             f"{r.speedup:.2f}x",
-            r.source if r.source == r.default_source else f"{r.source} (default: {r.default_source})",
+            _source_cell(r),
             r.realized_by,
         ])  # fmt: skip
     return out
+
+
+def _source_cell(r: Row) -> str:
+    src = r.source if r.source == r.default_source else f"{r.source} (default: {r.default_source})"
+    return f"{src} ({r.evaluator})" if r.evaluator and r.evaluator != r.source else src
 
 
 def legend_lines(task: ReportTask) -> list[tuple[str, str, str]]:

@@ -79,6 +79,9 @@ def _lp(rows: list[list[float]]) -> list[float]:
     m = len(rows[0])
     h = new_highs()
     h.setOptionValue("output_flag", False)
+    # HiGHS' thread pool is per process and sized by the first run: every solver here uses one
+    # thread, else milp.py's single-threaded (deterministic) runs would be refused.
+    h.setOptionValue("threads", 1)
     inf = highspy.kHighsInf
     h.addVars(m + 1, np.zeros(m + 1), np.full(m + 1, inf))
     cost = np.zeros(m + 1)

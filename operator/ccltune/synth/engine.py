@@ -384,7 +384,7 @@ def default_threadblocks(coll: Collective, topo: ClusterTopology, sizes: list[in
     """The SM budget by default: the most channels NCCL's own choice runs this collective on at
     any of `sizes` (one threadblock per channel; model/nccl_default restates NCCL's channel
     search and its per-size trimming in enqueue.cc)."""
-    graph = nccl_graph(topo).channels
+    graph = nccl_graph(topo).run_channels
     return max(1, *((nccl_default(coll, s, topo).choice.channels or graph) for s in sizes))
 
 

@@ -337,6 +337,10 @@ def _milp(
     )
     h.run()
     status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kNotset:
+        # HiGHS refuses a run whose thread count differs from the process's first HiGHS run;
+        # falling back to greedy here would make patterns depend on what ran before.
+        raise RuntimeError("HiGHS did not run the sub-demand MILP (threads differ from 1?)")
     sol = h.getSolution()
     # Node and iteration limits end as kSolutionLimit / kIterationLimit; a time-limit stop (the
     # hang guard) would make the pattern depend on the machine, so it keeps the greedy one.

@@ -296,9 +296,12 @@ def tune_tasks(
     synthesized: SynthSource | None = None,
     sharp: bool | None = None,
     progress: Progress | None = None,
+    keep: Callable[[TaskKey, int, Config], str | None] | None = None,
     **profiler_options: Any,
 ) -> TuningResult:
-    """Tune every task key (split into size buckets); `budget` is in trials per bucket."""
+    """Tune every task key (split into size buckets); `budget` is in trials per bucket.
+    `keep(parent key, size, config)`: None to publish a pick, else why NCCL's default is kept
+    instead (the plan's common evaluator vetoes picks it times no faster; model/evaluate.py)."""
     if budget < 1:
         raise InputError(f"budget must be at least 1 trial, got {budget}")
     if not tasks:
@@ -330,6 +333,12 @@ def tune_tasks(
     g = _reconcile(outcomes, runs, notes)
     for outcome, _facts, _space in outcomes:
         _finish(outcome, runs, g, synthesized)
+        o = outcome
+        why = (keep(o.parent or o.key, o.size, o.deployed)
+               if keep is not None and o.deployed is not None and not o.kept_default else None)  # fmt: skip
+        if why is not None:
+            o.deployed, o.chosen_measure, o.kept_default = o.default, o.default_measure, True
+            o.notes.append(why)
     for outcome, facts, _ in outcomes:
         if outcome.deployed is not None:
             check_config(Collective(outcome.key.collective), outcome.deployed, facts, version)
@@ -568,6 +577,9 @@ def _finish(outcome: TaskOutcome, runs: _Runs, g: Knobs, synthesized: SynthSourc
     for cand in cands:
         if cand.measurement.time_us < o.chosen_measure.time_us:
             o.synthesized, o.chosen_measure = cand, cand.measurement
+    for what, m in (("NCCL's default", o.default_measure), ("the chosen time", o.chosen_measure)):
+        if m.note.startswith("interpolated"):  # replay: not a measured point, say so
+            o.notes.append(f"{what} is {m.note} (not measured at {o.size} bytes)")
     if o.synthesized is not None and o.synthesized is o.variant:
         o.notes.append(f"MSCCL variant {o.variant.name} won the joint search; publish the schedule file it was "
                        "measured with (runtime msccl/rccl); the tuner row is the best NCCL setting, for other calls")

@@ -1,0 +1,101 @@
+"""One evaluator for every number a plan compares (docs/cost-model.md, "One evaluator").
+
+NCCL's default, a tuned NCCL choice and an MSCCL schedule are all timed here, by the event
+simulator (model/simulate.py) under the same protocol costs, so a speedup never divides numbers
+from two models. Every estimate carries the same per-size bound: the lower bound under the most
+favourable protocol, which bounds every choice.
+"""
+
+from __future__ import annotations
+
+from ..api.cluster import ClusterTopology
+from ..api.common import Collective, Source
+from ..api.plan import Choice, Estimate
+from .baselines import SUPPORTED
+from .bounds import lower_bound
+from .busbw import algbw_gbps, busbw_gbps
+from .cost import PROTOCOLS, protocol_cost
+from .ir import Schedule, ScheduleArrays
+from .nccl_default import default_estimate, nccl_graph
+from .routing import Router
+from .simulate import simulate
+
+EVALUATOR = "event simulator"
+
+# The simulator's stand-in schedules for NCCL's algorithm names (nvls/nvls_tree: the
+# hierarchical schedule without the in-switch reduction; p2p alltoall: direct sends).
+_SCHEDULE_OF = {"p2p": "direct"}
+
+
+# Times within this relative difference are a tie (float noise): a tie never replaces a default.
+TIE = 1e-9
+
+
+def faster(time_us: float, than_us: float) -> bool:
+    """Is `time_us` really below `than_us` (not a float-rounding tie)?"""
+    return time_us < than_us * (1.0 - TIE)
+
+
+class NotEvaluable(ValueError):
+    """The evaluator has no schedule for this choice (e.g. CollNet, PAT): it cannot be timed."""
+
+
+def common_bound_us(collective: Collective | str, size_bytes: int, topo: ClusterTopology) -> float:
+    """The lower bound at this size under the most favourable protocol."""
+    coll = Collective(collective)
+    g = nccl_graph(topo)
+    return min(
+        lower_bound(coll, size_bytes, topo,
+                    protocol_cost(p, link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)).time_us
+        for p in PROTOCOLS
+    )  # fmt: skip
+
+
+def timed(collective: Collective | str, size_bytes: int, topo: ClusterTopology, time_us: float,
+          choice: Choice | None) -> Estimate:  # fmt: skip
+    """An estimate of `time_us` from this evaluator, with the common bound."""
+    coll = Collective(collective)
+    t = max(time_us, 1e-9)
+    bound = common_bound_us(coll, size_bytes, topo)
+    return Estimate(
+        size_bytes=size_bytes, time_us=t, algbw_gbps=algbw_gbps(size_bytes, t),
+        busbw_gbps=busbw_gbps(coll, topo.world_size, size_bytes, t), source=Source.SIMULATED,
+        bound_us=bound, pct_of_bound=100.0 * bound / t, choice=choice, evaluator=EVALUATOR,
+    )  # fmt: skip
+
+
+def _protocol(name: str | None) -> str:
+    for p in PROTOCOLS:
+        if p.lower() == (name or "Simple").lower():
+            return p
+    raise NotEvaluable(f"protocol {name!r} is not one of {', '.join(PROTOCOLS)}")
+
+
+def nccl_estimate(collective: Collective | str, size_bytes: int, topo: ClusterTopology,
+                  choice: Choice | None = None, *, router: Router | None = None) -> Estimate:  # fmt: skip
+    """NCCL running `choice` (None: its own default choice). Threads and buffer sizes are not
+    modelled by the simulator: two choices differing only there time the same."""
+    coll = Collective(collective)
+    if choice is not None:
+        if choice.kind != "nccl":
+            raise NotEvaluable(f"{choice.describe()} is not an NCCL choice")
+        algo = (choice.algorithm or "ring").lower()
+        if _SCHEDULE_OF.get(algo, algo) not in SUPPORTED[coll] and algo != "p2p":
+            raise NotEvaluable(f"the event simulator has no {algo} schedule for {coll.value}")
+        choice = choice.model_copy(update={"protocol": _protocol(choice.protocol)})
+    est = default_estimate(coll, size_bytes, topo, router=router, with_bound=False, choice=choice)
+    return timed(coll, size_bytes, topo, est.time_us, choice or est.choice)
+
+
+def msccl_estimate(collective: Collective | str, size_bytes: int, topo: ClusterTopology,
+                   schedule: Schedule | ScheduleArrays, protocol: str, choice: Choice | None = None,
+                   *, router: Router | None = None) -> Estimate:  # fmt: skip
+    """An MSCCL schedule run with `protocol`, timed as the synthesis engine times it."""
+    g = nccl_graph(topo)
+    cost = protocol_cost(_protocol(protocol), link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)
+    res = simulate(schedule, topo, size_bytes, cost, router, engine="symmetric")
+    return timed(collective, size_bytes, topo, res.time_us, choice)
+
+
+__all__ = ["EVALUATOR", "TIE", "NotEvaluable", "common_bound_us", "faster", "msccl_estimate",
+           "nccl_estimate", "timed"]

@@ -1,0 +1,127 @@
+"""Both sides of every speedup come from one evaluator (issue 14): a plan's report.json is
+recomputed independently through model/evaluate.py, and a row that breaks physics is our bug."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ccltune.api.ccltuning import CCLTuningSpec
+from ccltune.api.cluster import ClusterTopology
+from ccltune.api.common import Source
+from ccltune.api.plan import Choice, Estimate, Plan, PlanTask, TaskKey
+from ccltune.model.evaluate import EVALUATOR, msccl_estimate, nccl_estimate
+from ccltune.pipeline import build_plan, task_keys
+from ccltune.publish.files import REPORT_JSON
+from ccltune.publish.report import SYNTHESIZED, ReportBug, Row, parse_report_json, task_rows
+from ccltune.synth.engine import synthesize
+from ccltune.topology.presets import load_preset
+from ccltune.topology.subgroup import subcluster
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+REL = 1e-9
+
+
+def _example(name: str, **changes: object) -> CCLTuningSpec:
+    doc = yaml.safe_load((EXAMPLES / name).read_text())
+    spec = doc["spec"]
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = spec
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return CCLTuningSpec.model_validate(spec)
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= REL * max(abs(a), abs(b))
+
+
+def _recompute(spec: CCLTuningSpec, cluster: ClusterTopology, plan: Plan) -> int:
+    """Every row's default and chosen time recomputed through the public evaluator and compared
+    with report.json; returns the number of rows checked."""
+    report = parse_report_json(next(f.content for f in plan.files if f.path == REPORT_JSON))
+    comms = [comm for _, comm in task_keys(spec, cluster)]
+    checked = 0
+    for task, rtask, comm in zip(plan.tasks, report.tasks, comms, strict=True):
+        sub = subcluster(cluster, comm.ranks)
+        coll = task.key.collective
+        sizes = [e.size_bytes for e in task.default_estimates]
+        schedules = None
+        for est, row in zip(task.chosen_estimates, rtask.rows, strict=True):
+            assert row.evaluator == EVALUATOR
+            default = nccl_estimate(coll, row.size, sub)
+            assert _close(default.time_us, row.default_time_us), (task.key.label(), row.size)
+            choice = est.choice
+            assert choice is not None
+            if row.category == SYNTHESIZED:
+                if schedules is None:  # the same deterministic synthesis the plan ran
+                    schedules = synthesize(
+                        sub, coll, sizes, time_budget_s=spec.synthesis.time_budget_seconds,
+                        max_threadblocks=spec.synthesis.max_threadblocks).schedules  # fmt: skip
+                assert choice.algorithm is not None and choice.protocol is not None
+                chosen = msccl_estimate(coll, row.size, sub, schedules[choice.algorithm],
+                                        choice.protocol)  # fmt: skip
+            elif row.realized_by == "NCCL default":
+                chosen = default
+            else:
+                chosen = nccl_estimate(coll, row.size, sub, choice)
+            assert _close(chosen.time_us, row.time_us), (task.key.label(), row.size, row.choice)
+            assert row.speedup == row.default_time_us / row.time_us
+            assert row.speedup >= 1.0 - REL  # a pick slower than NCCL's default is never shipped
+            if row.realized_by.startswith(("tuner row", "msccl/")):  # a tie is not published
+                assert row.speedup > 1.0 + REL, (task.key.label(), row.size, row.choice)
+            assert row.bound_busbw_gbps is not None and row.busbw_gbps <= row.bound_busbw_gbps + 1e-3
+            checked += 1
+    return checked
+
+
+def test_msccl_plan_speedups_recompute_through_the_evaluator() -> None:
+    cluster = load_preset("dgx-h100-2")
+    spec = _example("ccltuning.yaml", **{"tuning.budget": 20})
+    spec = spec.model_copy(update={"collectives": [
+        c.model_copy(update={"min_bytes": "64K", "max_bytes": "4M"}) for c in spec.collectives]})  # fmt: skip
+    plan = build_plan(spec, cluster, name="one-evaluator")
+    assert plan.runtime == "msccl"
+    rows = [r for t in plan.tasks for r in task_rows(t)]
+    assert {r.category for r in rows} >= {SYNTHESIZED}  # the MSCCL side is exercised
+    assert _recompute(spec, cluster, plan) == len(rows) == 3 * 7
+
+
+def test_pytorchjob_plan_speedups_recompute_through_the_evaluator() -> None:
+    cluster = load_preset("dgx-h100-2")
+    spec = _example("ccltuning-pytorchjob.yaml", **{"tuning.budget": 20})
+    plan = build_plan(spec, cluster, name="one-evaluator-ptj")
+    rows = [r for t in plan.tasks for r in task_rows(t)]
+    assert _recompute(spec, cluster, plan) == len(rows) > 0
+
+
+def _task(default_us: float, chosen_us: float, *, bound_us: float | None = 10.0,
+          chosen_evaluator: str | None = EVALUATOR) -> PlanTask:  # fmt: skip
+    key = TaskKey(collective="allgather", min_bytes=1 << 20, max_bytes=1 << 20, ranks=8, nodes=1)
+    nccl = Choice(kind="nccl", algorithm="ring", protocol="Simple", realized_by="NCCL default")
+
+    def est(t: float, evaluator: str | None) -> Estimate:
+        return Estimate(size_bytes=1 << 20, time_us=t, algbw_gbps=1.0, busbw_gbps=1.0,
+                        source=Source.SIMULATED, bound_us=bound_us, choice=nccl,
+                        evaluator=evaluator)  # fmt: skip
+
+    return PlanTask(key=key, default=nccl, chosen=nccl, default_estimates=[est(default_us, EVALUATOR)],
+                    chosen_estimates=[est(chosen_us, chosen_evaluator)])  # fmt: skip
+
+
+def test_a_row_faster_than_its_bound_is_our_bug() -> None:
+    assert isinstance(task_rows(_task(20.0, 12.0))[0], Row)
+    with pytest.raises(ReportBug, match="below its bound"):
+        task_rows(_task(20.0, 8.0))
+
+
+def test_a_row_without_a_bound_is_our_bug() -> None:
+    with pytest.raises(ReportBug, match="no bound"):
+        task_rows(_task(20.0, 12.0, bound_us=None))
+
+
+def test_a_speedup_across_two_evaluators_is_our_bug() -> None:
+    with pytest.raises(ReportBug, match="divide"):
+        task_rows(_task(20.0, 12.0, chosen_evaluator="tuning surface"))
