@@ -13,21 +13,11 @@ import time
 from ccltune.model.nccl_default import default_estimate, nccl_default
 from ccltune.model.routing import Router
 from ccltune.topology.presets import list_presets, load_preset
+from machine import cpu_model
 
 SIZES = (1 << 16, 1 << 24, 1 << 28)
 COLLS = ("allreduce", "allgather", "alltoall", "broadcast")
 MAX_RANKS = 64
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> None:

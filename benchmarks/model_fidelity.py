@@ -26,6 +26,7 @@ from ccltune.model.nccl_default import default_estimate, nccl_default
 from ccltune.model.routing import Router
 from ccltune.topology.load import load_cluster
 from ccltune.tune.profilers.nccltests import Row, parse_log
+from machine import cpu_model
 
 DATA = Path(__file__).resolve().parent / "data" / "nccl-tests"
 MIB = 1 << 20
@@ -141,17 +142,6 @@ def evaluate(s: MeasuredSet) -> dict[str, float]:
         "formula_big": median_abs([e for size, e in err_formula if size >= MIB]),
         "rho_busbw": spearman(bus_meas, bus_sim),
     }
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv: list[str]) -> int:

@@ -34,6 +34,7 @@ from ctl_harness import cluster_at, free_port, operator_env, start_operator  # n
 
 from ccltune_agent.nvml import ReplayNvml  # noqa: E402
 from ccltune_agent.probe import probe  # noqa: E402
+from machine import cpu_model  # noqa: E402
 
 GV = "ccltune.io/v1alpha1"
 FIXTURE = REPO / "tests" / "fixtures" / "agent" / "dgx-a100"
@@ -52,13 +53,6 @@ def scrape(port: int, series: str) -> float:
         if line.startswith(series + " "):
             return float(line.split()[-1])
     return float("nan")
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main() -> None:

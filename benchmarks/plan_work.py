@@ -13,12 +13,12 @@ import argparse
 import os
 import platform
 import time
-from pathlib import Path
 
 from ccltune.api.ccltuning import CCLTuningSpec
 from ccltune.pipeline import build_plan
 from ccltune.topology.load import load_cluster
 from ccltune.workload import preflight
+from machine import cpu_model
 
 SPECS: dict[str, dict] = {
     "baseline 1 x 64K..128K": {"collectives": [{"op": "allreduce", "minBytes": "64K", "maxBytes": "128K"}]},
@@ -30,13 +30,6 @@ SPECS: dict[str, dict] = {
                                                        ("allreduce", "allgather", "reducescatter")],
                                        "tuning": {"enabled": True, "budget": 200}},
 }
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main() -> None:

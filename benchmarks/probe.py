@@ -9,7 +9,6 @@ NVML: a live nvmlInit adds driver time this cannot see).
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import subprocess
 import sys
@@ -19,27 +18,11 @@ from pathlib import Path
 from ccltune.topology.nccl_xml import write_nccl_xml
 from ccltune_agent.nvml import ReplayNvml
 from ccltune_agent.probe import probe
+from machine import cpu_model, load_average
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "agent"
 NAMES = ["dgx-a100", "hgx-h100", "v100-sxm2-4", "a40-pcie-8", "azure-ndv4-vm"]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def load_average() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
 
 
 def measure(name: str, repeat: int) -> dict[str, float]:

@@ -7,7 +7,6 @@ Prints a Markdown table: median of 5 renderings each, wall time, and the bytes p
 
 from __future__ import annotations
 
-import platform
 import statistics
 import sys
 import time
@@ -17,18 +16,9 @@ from pathlib import Path
 from ccltune.publish.html import render_html
 from ccltune.publish.plots import png_plots, svg_plots
 from ccltune.publish.report import Report, parse_report_json, render_md
+from machine import cpu_model
 
 REPEATS = 5
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _time(render: Callable[[], object]) -> tuple[float, object]:
@@ -58,7 +48,7 @@ def main(plan_dir: Path) -> None:
         ("report.html (SVGs given)", lambda: render_html(report, svgs)),
     ]
     print(f"report of plan {report.plan} on {report.cluster}: {len(report.tasks)} tasks, "
-          f"{sum(len(t.rows) for t in report.tasks)} rows; {_cpu()}, median of {REPEATS}")  # fmt: skip
+          f"{sum(len(t.rows) for t in report.tasks)} rows; {cpu_model()}, median of {REPEATS}")  # fmt: skip
     print()
     print("| rendering | ms | bytes |")
     print("|---|---:|---:|")

@@ -10,7 +10,6 @@ of the 64-server preset. Numbers are measured wall-clock medians on this machine
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import subprocess
 import sys
@@ -25,13 +24,7 @@ from ccltune.topology.export import describe, node_spec
 from ccltune.topology.from_nodes import from_nodes
 from ccltune.topology.presets import _load, list_presets, load_preset, preset_text
 from ccltune.topology.spec import ClusterSpec
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+from machine import cpu_model
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:

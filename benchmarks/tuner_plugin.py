@@ -21,22 +21,13 @@ import tempfile
 from pathlib import Path
 
 from ccltune.tune.table import TABLE_ENV, TableRow, render_table
+from machine import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = (10, 1_000, 100_000)
 CALLS = 2_000_000
 SAMPLES = 65_536
 REPEATS = 5
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def table(n: int) -> tuple[str, list[int]]:

@@ -98,7 +98,7 @@ def synthesize_cmd(
     if res.stats is not None:
         st = res.stats
         console.print(f"sketches: {st.raw} raw -> {st.after_relay_bound} with bounded relays "
-                      f"(both estimated by formula, not enumerated) -> {st.kept} enumerated "
+                      f"(both counted by formula, not enumerated) -> {st.kept} enumerated "
                       "after isomorphism pruning", highlight=False)  # fmt: skip
     console.print(_table(res))
     for i, rr in enumerate(res.ranges, start=1):

@@ -168,7 +168,7 @@ def synthesize(
     fab = asm.Fabric(dims)
     sketches, stats = search(dims, relays=True)
     result.stats = stats
-    say(f"{stats.kept} sketches after pruning ({stats.raw} raw, estimated by formula)", 0.05)
+    say(f"{stats.kept} sketches after pruning ({stats.raw} raw, counted by formula)", 0.05)
 
     # Coarse step.
     t0 = time.perf_counter()

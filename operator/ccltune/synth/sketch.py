@@ -69,8 +69,8 @@ class Sketch:
 
 @dataclass(frozen=True, slots=True)
 class SearchStats:
-    raw: int  # estimate by formula: relay prefixes up to D hops x spread orders
-    after_relay_bound: int  # estimate by formula (not enumerated)
+    raw: int  # by formula, not enumerated: relay prefixes up to D hops x spread orders
+    after_relay_bound: int  # by formula, not enumerated
     after_isomorphism: int
     raw_inconsistent: int  # per-group variants forced consistency excludes (not enumerated)
     kept: int
