@@ -7,6 +7,7 @@ its simulated time beats the choice made so far. Both keep every estimate's sour
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,8 @@ from .api.ccltuning import CCLTuningSpec
 from .api.cluster import ClusterTopology
 from .api.common import format_size
 from .api.plan import Choice, Estimate, PlanFile, PlanTask, TaskKey
-from .model.evaluate import EVALUATOR, NotEvaluable, faster, msccl_estimate, nccl_estimate
+from .model.evaluate import EVALUATOR, NotEvaluable, faster, nccl_estimate, published_estimate
+from .model.msccl_limits import first_selected
 from .publish.files import MSCCL_DIR, TUNER_CSV, plan_file
 from .publish.runtime import (
     AlgoMeta,
@@ -287,37 +289,65 @@ def synth_step(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask, index:
     # Files over the ConfigMap limit are published packed (publish/configmaps.py).
     notes = [*task.notes, *(f"synthesis: {n}" for n in res.notes)]
     path_of = {name: f"{MSCCL_DIR}/t{index}-{name}" for name in xml}
-    file_at: dict[int, str] = {}
+    file_at: dict[int, tuple[str, str]] = {}  # size -> (published path, file name)
+    sizes_of: dict[str, list[int]] = {}  # file name -> the sizes its range was built for
     for r in res.ranges:
         if r.xml_file and Path(r.xml_file).name in path_of:
+            name = Path(r.xml_file).name
+            sizes_of[name] = [s.size_bytes for s in r.sizes]
             for s in r.sizes:
-                file_at[s.size_bytes] = path_of[Path(r.xml_file).name]
+                file_at[s.size_bytes] = (path_of[name], name)
     # What the task runs so far at each size: tuning's buckets, else NCCL's default.
     current = {e.size_bytes: e for e in [*task.default_estimates, *task.chosen_estimates]}
     defaults = {e.size_bytes: e for e in task.default_estimates}
     common = {e.size_bytes: e for e in (baseline or task).default_estimates}
     used: set[str] = set()
+    claimed: dict[str, list[int]] = {}
     for s in res.sizes:
-        path = file_at.get(s.size_bytes)
-        schedule = res.schedules.get(s.chosen)
-        if not path or schedule is None or s.size_bytes not in common:
+        if s.size_bytes not in file_at or s.size_bytes not in common:
             continue
+        path, name = file_at[s.size_bytes]
         choice = Choice(kind="msccl", algorithm=s.chosen, protocol=s.protocol, msccl_file=path)
-        est = msccl_estimate(key.collective, s.size_bytes, sub, schedule, s.protocol, choice)
+        # The file as written decides (its threadblocks serialize what the engine's schedule
+        # overlaps): a row, and its file, only where that beats the reference.
+        est = published_estimate(key.collective, s.size_bytes, sub, xml[name], choice)
         ref = _reference(current.get(s.size_bytes), common[s.size_bytes], sub, task)
         if faster(est.time_us, ref.time_us):
             current[s.size_bytes] = est
             defaults[s.size_bytes] = common[s.size_bytes]  # its default from the same evaluator
             used.add(path)
+            claimed.setdefault(name, []).append(s.size_bytes)
     estimates = [current[size] for size in sorted(current)]
     if not res.symmetric:
         notes.append("synthesis: asymmetric communicator, NCCL kept (see the note above)")
     top = estimates[-1].choice if estimates and estimates[-1].choice else task.chosen
+    for name, got in claimed.items():
+        xml[name] = _narrowed(xml[name], sizes_of[name], sorted(got))
     files = [plan_file(p, xml[name]) for name, p in path_of.items() if p in used]
     return task.model_copy(update={
         "chosen_estimates": estimates, "chosen": top, "notes": notes,
         "default_estimates": [defaults[size] for size in sorted(defaults)],
     }), files  # fmt: skip
+
+
+def _narrowed(text: str, sizes: list[int], claimed: list[int]) -> str:
+    """The file with [minBytes, maxBytes] cut to the sizes its file time won, where those are
+    one run of its range (else msccl_step reports the sizes the scheduler still gives it)."""
+    i = sizes.index(claimed[0])
+    if claimed == sizes or sizes[i:i + len(claimed)] != claimed:
+        return text
+    meta = algo_meta("", text)
+    hi = sizes[i + len(claimed)] - 1 if i + len(claimed) < len(sizes) else meta.max_bytes
+    lo = meta.min_bytes
+    if i > 0:
+        start = first_selected(meta.collective, meta.ranks, meta.chunks_per_loop, claimed[0], hi)
+        if start is None or start > claimed[0]:
+            return text
+        lo = start
+    head = text[:text.index(">")]  # the <algo ...> tag: the executor selects by these two
+    head = re.sub(r'minBytes="\d+"', f'minBytes="{lo}"', head)
+    head = re.sub(r'maxBytes="\d+"', f'maxBytes="{hi}"', head)
+    return head + text[text.index(">"):]
 
 
 __all__ = ["msccl_step", "realize_step", "synth_step", "tune_step"]

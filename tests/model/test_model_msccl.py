@@ -239,12 +239,13 @@ def test_ring_allgather_lowering_is_what_msccl_tools_would_write() -> None:
     assert [(tb.get("send"), tb.get("recv")) for tb in tbs] == [("1", "2")]
     ring = [(x.get("type"), x.get("srcbuf"), x.get("srcoff"), x.get("dstbuf"), x.get("dstoff"))
             for x in tbs[0].findall("step")]  # fmt: skip
-    # transfers run in level order (Kahn): own chunk out, then both arrivals, then the forward
+    # steps in dependency-depth order, sends first at a depth: the forward goes out before the
+    # next arrival, which it does not need, blocks the threadblock
     assert ring == [
         ("s", "i", "0", "o", "0"),  # own chunk straight from the input
         ("r", "i", "0", "o", "2"),  # src names the sender's slot (gpu 2's input)
-        ("r", "o", "1", "o", "1"),  # gpu 1's chunk, forwarded by gpu 2 from its output
         ("s", "o", "2", "o", "2"),  # forward what arrived from gpu 2
+        ("r", "o", "1", "o", "1"),  # gpu 1's chunk, forwarded by gpu 2 from its output
         ("cpy", "i", "0", "o", "0"),  # own chunk into the output, last
     ]
     assert "/>" in xml and " />" not in xml

@@ -131,7 +131,7 @@ class _Layout:
 class _Step:
     rank: int
     stream: tuple[str, int, int]  # ("send", peer, chan) / ("recv", peer, chan) / ("copy", -1, 0)
-    key: tuple[int, int]  # global order
+    key: tuple[int, ...]  # order within its threadblock
     type: str
     src: Loc
     dst: Loc
@@ -195,6 +195,13 @@ def lower_msccl(schedule: Schedule) -> MscclLowering:
     lay = _Layout(coll, s.nranks, s.chunks_per_rank, s.root)
     order = topological_order(s)
     pos = {t: p for p, t in enumerate(order)}
+    # A threadblock runs its steps in order and a receive blocks it, so steps are ordered by
+    # dependency depth (what the simulator runs together stays together), sends first at a
+    # depth: in global order alone, a peer's reply would queue behind the receive it does not
+    # need (a one-step allgather became two steps deep).
+    level = [0] * len(s.transfers)
+    for t in order:
+        level[t] = 1 + max((level[d] for d in s.transfers[t].deps), default=-1)
     loc: dict[tuple[int, int], Loc] = {}
     for r in range(s.nranks):
         for k in range(s.total_chunks):
@@ -249,15 +256,18 @@ def lower_msccl(schedule: Schedule) -> MscclLowering:
         for piece, (a, b) in enumerate(itertools.pairwise(bounds)):
             src_loc, dst_loc = src_locs[a], dst_locs[a]
             assert src_loc is not None and dst_loc is not None  # guaranteed by check_schedule
-            key = (pos[t], piece)
-            snd = _Step(tr.src, ("send", tr.dst, tr.channel), key, "s", src_loc, dst_loc, b - a)
+            snd = _Step(tr.src, ("send", tr.dst, tr.channel), (level[t], 0, pos[t], piece), "s",
+                        src_loc, dst_loc, b - a)  # fmt: skip
+            key = (level[t], 1, pos[t], piece)
             snd.preds = set(send_preds)
             if tr.reduce:
                 cur = cur_locs[a]
                 assert cur is not None
-                rcv = _Step(tr.dst, ("recv", tr.src, tr.channel), key, "rrc", cur, dst_loc, b - a)
+                rcv = _Step(tr.dst, ("recv", tr.src, tr.channel), key, "rrc", cur, dst_loc,
+                            b - a)  # fmt: skip
             else:
-                rcv = _Step(tr.dst, ("recv", tr.src, tr.channel), key, "r", src_loc, dst_loc, b - a)
+                rcv = _Step(tr.dst, ("recv", tr.src, tr.channel), key, "r", src_loc,
+                            dst_loc, b - a)  # fmt: skip
             rcv.preds = set(recv_preds)
             steps += [snd, rcv]
             steps_of.setdefault((t, tr.src), []).append(snd)
@@ -285,7 +295,7 @@ def lower_msccl(schedule: Schedule) -> MscclLowering:
                 and pend[j][2] == ("o", pend[i][2][1] + j - i)
             ):
                 j += 1
-            cp = _Step(r, ("copy", -1, 0), (n_copy, i), "cpy", pend[i][1], pend[i][2], j - i)
+            cp = _Step(r, ("copy", -1, 0), (n_copy, 2, 0, i), "cpy", pend[i][1], pend[i][2], j - i)
             cp.preds = {
                 last_write[(r, pend[m][0])] for m in range(i, j) if (r, pend[m][0]) in last_write
             }
