@@ -1,6 +1,6 @@
-"""Every plan ccltune writes is loaded by the real consumers' own code (../shared/conformance/
-check-plan: NCCL 2.30.7's topology loader and env parser, msccl-executor-nccl's MSCCL parser and
-selection rule, NCCL's example tuner plugin) and does what its report claims, for each runtime.
+"""Every plan ccltune writes is loaded by the real consumers' own code and does what its report
+claims, for each runtime: ../shared/conformance/check-plan runs NCCL 2.30.7's topology loader and
+env parser, msccl-executor-nccl's MSCCL parser and selection rule, NCCL's example tuner plugin.
 
 The matrix (kept cheap: one plan and one check-plan run per case, plans built once per module):
 - every example spec on its intended cluster, for each runtime that drives the cluster's GPUs;
