@@ -10,8 +10,8 @@ import platform
 import subprocess
 import time
 
-from ccltune.model.nccl_default import default_estimate, nccl_default
-from ccltune.model.routing import Router
+from ccltune.model.nccl.default import default_estimate, nccl_default
+from ccltune.model.sim.routing import Router
 from ccltune.topology.presets import list_presets, load_preset
 from machine import cpu_model
 

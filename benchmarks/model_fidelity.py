@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ccltune.api.cluster import ClusterTopology
-from ccltune.model.busbw import busbw_gbps
-from ccltune.model.nccl_default import default_estimate, nccl_default
-from ccltune.model.routing import Router
+from ccltune.model.cost.busbw import busbw_gbps
+from ccltune.model.nccl.default import default_estimate, nccl_default
+from ccltune.model.sim.routing import Router
 from ccltune.topology.load import load_cluster
 from ccltune.tune.profilers.nccltests import Row, parse_log
 from machine import cpu_model

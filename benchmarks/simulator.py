@@ -17,10 +17,10 @@ import numpy as np
 
 from ccltune.api.cluster import ClusterNode, ClusterTopology, Device, Link
 from ccltune.api.common import Collective
-from ccltune.model.cost import SIMPLE
-from ccltune.model.ir import ScheduleArrays
-from ccltune.model.routing import Router
-from ccltune.model.simulate import simulate
+from ccltune.model.cost.protocols import SIMPLE
+from ccltune.model.schedule.ir import ScheduleArrays
+from ccltune.model.sim.routing import Router
+from ccltune.model.sim.simulate import simulate
 
 SIZE = 1 << 30  # 1 GiB, the top of a usual nccl-tests sweep
 
@@ -117,13 +117,13 @@ def cases(topo: ClusterTopology, quick: bool) -> tuple[list[tuple[str, int, int,
     sizes = [(512, 8)] if quick else [(512, 8), (512, 64)]
     out: list[tuple[str, int, int, object]] = []
     try:
-        from ccltune.model.baselines import ring_allgather
+        from ccltune.model.nccl.baselines import ring_allgather
 
         for n, c in sizes:
             out.append(("nccl-ring (baselines)", n, c, lambda c=c: ring_allgather(topo, chunks=c)))
-        note = "nccl-ring: ccltune.model.baselines.ring_allgather (NCCL ring order, 1 channel)"
+        note = "nccl-ring: ccltune.model.nccl.baselines.ring_allgather (NCCL ring order, 1 channel)"
     except ImportError:
-        note = "ccltune.model.baselines not available: only the script's own ring is run"
+        note = "ccltune.model.nccl.baselines not available: only the script's own ring is run"
     for n, c in sizes:
         out.append(("serialized-ring (script)", n, c, lambda n=n, c=c: ring_allgather_arrays(n, c)))
     return out, note

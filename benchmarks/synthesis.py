@@ -24,8 +24,8 @@ import statistics
 import time
 
 from ccltune.api.common import Collective
-from ccltune.model.ir import ScheduleArrays
-from ccltune.model.msccl import lower_msccl
+from ccltune.model.formats.msccl.writer import lower_msccl
+from ccltune.model.schedule.ir import ScheduleArrays
 from ccltune.synth.engine import synthesize
 from ccltune.topology.presets import load_preset
 

@@ -17,7 +17,7 @@ from .api.cluster import ClusterTopology
 from .api.common import format_size
 from .api.plan import Choice, Estimate, PlanFile, PlanTask, TaskKey
 from .model.evaluate import EVALUATOR, NotEvaluable, faster, nccl_estimate, published_estimate
-from .model.msccl_limits import first_selected
+from .model.formats.msccl.limits import first_selected
 from .publish.files import MSCCL_DIR, TUNER_CSV, plan_file
 from .publish.runtime import (
     AlgoMeta,

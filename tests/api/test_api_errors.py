@@ -17,11 +17,11 @@ from ccltune.api.errors import (
     problems,
 )
 from ccltune.controller.config import ConfigError
-from ccltune.model.baselines import BaselineError
-from ccltune.model.check import ScheduleError
-from ccltune.model.msccl import MscclFormatError
-from ccltune.model.routing import RoutingError
-from ccltune.model.simulate import SimulationError
+from ccltune.model.formats.msccl.writer import MscclFormatError
+from ccltune.model.nccl.baselines import BaselineError
+from ccltune.model.schedule.check import ScheduleError
+from ccltune.model.sim.routing import RoutingError
+from ccltune.model.sim.simulate import SimulationError
 from ccltune.pipeline import PlanError
 from ccltune.publish.runtime import RuntimeMismatch
 from ccltune.publish.unpack import UnpackError

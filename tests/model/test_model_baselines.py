@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ccltune.api.common import Collective
-from ccltune.model.baselines import (
+from ccltune.model.nccl.baselines import (
     SUPPORTED,
     BaselineError,
     btree,
@@ -18,8 +18,8 @@ from ccltune.model.baselines import (
     ring_layouts,
     ring_order,
 )
-from ccltune.model.check import check_schedule
-from ccltune.model.routing import Router
+from ccltune.model.schedule.check import check_schedule
+from ccltune.model.sim.routing import Router
 from ccltune.topology.presets import load_preset
 
 ALL = [(c, a) for c, algos in SUPPORTED.items() for a in algos]

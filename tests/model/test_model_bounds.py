@@ -8,11 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ccltune.api.cluster import ClusterNode, ClusterTopology, Device, DeviceKind, Link, LinkKind
-from ccltune.model.baselines import SUPPORTED, nccl_schedule_arrays
-from ccltune.model.bounds import lower_bound
-from ccltune.model.busbw import busbw_gbps
-from ccltune.model.cost import PROTOCOL_COSTS, SIMPLE
-from ccltune.model.simulate import simulate
+from ccltune.model.cost.bounds import lower_bound
+from ccltune.model.cost.busbw import busbw_gbps
+from ccltune.model.cost.protocols import PROTOCOL_COSTS, SIMPLE
+from ccltune.model.nccl.baselines import SUPPORTED, nccl_schedule_arrays
+from ccltune.model.sim.simulate import simulate
 
 ALL = [(c, a) for c, algos in SUPPORTED.items() for a in algos]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ccltune.api.common import Collective
-from ccltune.model.busbw import algbw_gbps, busbw_factor, busbw_gbps, time_for_busbw_us
+from ccltune.model.cost.busbw import algbw_gbps, busbw_factor, busbw_gbps, time_for_busbw_us
 
 DATA = Path("/work/shared/data/nccl-tests/ndv4-1x8-allreduce-nccl.txt")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ccltune.api.common import Collective
-from ccltune.model.check import ScheduleError, check_schedule, topological_order
-from ccltune.model.ir import Schedule, Transfer
+from ccltune.model.schedule.check import ScheduleError, check_schedule, topological_order
+from ccltune.model.schedule.ir import Schedule, Transfer
 
 AG, RS, AR, A2A, BC = (
     Collective.ALLGATHER,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ccltune.api.cluster import LinkKind
-from ccltune.model.cost import (
+from ccltune.model.cost.protocols import (
     LL,
     LL128,
     PROTOCOL_COSTS,

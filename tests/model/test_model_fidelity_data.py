@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ccltune.api.cluster import ClusterTopology, DeviceKind, LinkKind
-from ccltune.model.busbw import busbw_gbps
-from ccltune.model.cost import Arch, arch_of
+from ccltune.model.cost.busbw import busbw_gbps
+from ccltune.model.cost.protocols import Arch, arch_of
 from ccltune.topology.load import load_cluster
 from ccltune.tune.profilers.nccltests import parse_log
 

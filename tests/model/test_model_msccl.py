@@ -11,10 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ccltune.api.common import Collective
-from ccltune.model.check import ScheduleError, check_schedule
-from ccltune.model.ir import Schedule, Transfer
-from ccltune.model.msccl import MscclFormatError, lower_msccl, to_msccl_xml
-from ccltune.model.msccl_limits import (
+from ccltune.model.formats.msccl.limits import (
     MAX_XML_NODES,
     callable_sizes,
     first_selected,
@@ -22,7 +19,10 @@ from ccltune.model.msccl_limits import (
     size_multiplier,
     xml_nodes,
 )
-from ccltune.model.msccl_reader import from_msccl_xml
+from ccltune.model.formats.msccl.reader import from_msccl_xml
+from ccltune.model.formats.msccl.writer import MscclFormatError, lower_msccl, to_msccl_xml
+from ccltune.model.schedule.check import ScheduleError, check_schedule
+from ccltune.model.schedule.ir import Schedule, Transfer
 
 ALGO = ("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace",
         "minBytes", "maxBytes")  # fmt: skip

@@ -13,11 +13,11 @@ import math
 import pytest
 
 from ccltune.api.common import Collective
-from ccltune.model.check import ScheduleError, check_schedule
-from ccltune.model.cost import LL, SIMPLE
-from ccltune.model.msccl import MscclFormatError
-from ccltune.model.msccl_reader import from_msccl_xml
-from ccltune.model.simulate import simulate
+from ccltune.model.cost.protocols import LL, SIMPLE
+from ccltune.model.formats.msccl.reader import from_msccl_xml
+from ccltune.model.formats.msccl.writer import MscclFormatError
+from ccltune.model.schedule.check import ScheduleError, check_schedule
+from ccltune.model.sim.simulate import simulate
 from ccltune.topology.presets import load_preset
 
 

@@ -6,9 +6,9 @@ import pytest
 from cost_model_topos import spec_topology
 
 from ccltune.api.common import Source
-from ccltune.model.busbw import busbw_gbps
-from ccltune.model.cost import Arch, ll_max_bw
-from ccltune.model.nccl_default import (
+from ccltune.model.cost.busbw import busbw_gbps
+from ccltune.model.cost.protocols import Arch, ll_max_bw
+from ccltune.model.nccl.default import (
     default_estimate,
     nccl_default,
     nccl_graph,

@@ -8,7 +8,7 @@ import pytest
 from cost_model_topos import spec_topology
 
 from ccltune.api.cluster import ClusterNode, ClusterTopology, Device, Link
-from ccltune.model.routing import Router, RoutingError
+from ccltune.model.sim.routing import Router, RoutingError
 
 
 def rail_cluster(nodes: int = 2, gpus: int = 4, spines: int = 2) -> ClusterTopology:

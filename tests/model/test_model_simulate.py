@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from ccltune.api.cluster import ClusterNode, ClusterTopology, Link
 from ccltune.api.common import Collective, Source
-from ccltune.model.cost import SIMPLE, ProtocolCost
-from ccltune.model.ir import Schedule, ScheduleArrays, Transfer
-from ccltune.model.routing import Router
-from ccltune.model.simulate import SimulationError, simulate
+from ccltune.model.cost.protocols import SIMPLE, ProtocolCost
+from ccltune.model.schedule.ir import Schedule, ScheduleArrays, Transfer
+from ccltune.model.sim.routing import Router
+from ccltune.model.sim.simulate import SimulationError, simulate
 
 ENGINES = ("heap", "batch")
 

@@ -6,8 +6,8 @@ import json
 
 from ccltune.api.ccltuning import CCLTuningSpec
 from ccltune.api.common import Source
-from ccltune.model.check import check_schedule
-from ccltune.model.msccl_reader import from_msccl_xml
+from ccltune.model.formats.msccl.reader import from_msccl_xml
+from ccltune.model.schedule.check import check_schedule
 from ccltune.pipeline import build_plan
 from ccltune.publish.configmaps import render_configmaps
 from ccltune.publish.files import MSCCL_DIR, TUNER_CSV

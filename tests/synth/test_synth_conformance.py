@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ccltune.api.common import Collective
-from ccltune.model.msccl_limits import MAX_STEPS
+from ccltune.model.formats.msccl.limits import MAX_STEPS
 from ccltune.synth.engine import default_threadblocks, synthesize
 from ccltune.topology.presets import load_preset
 

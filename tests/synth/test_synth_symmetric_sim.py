@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from synth_helpers import make_cluster
 
 from ccltune.api.cluster import ClusterTopology
-from ccltune.model.baselines import ring_allgather
-from ccltune.model.cost import protocol_cost
-from ccltune.model.routing import Router
-from ccltune.model.simulate import simulate
+from ccltune.model.cost.protocols import protocol_cost
+from ccltune.model.nccl.baselines import ring_allgather
+from ccltune.model.sim.routing import Router
+from ccltune.model.sim.simulate import simulate
 from ccltune.synth.engine import synthesize
 from ccltune.topology.presets import load_preset
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from synth_helpers import make_cluster
 
 from ccltune.api.common import Collective
-from ccltune.model.check import check_schedule
-from ccltune.model.msccl_reader import from_msccl_xml
+from ccltune.model.formats.msccl.reader import from_msccl_xml
+from ccltune.model.schedule.check import check_schedule
 from ccltune.synth.engine import synthesize
 
 clusters = st.builds(

@@ -13,15 +13,15 @@ from functools import lru_cache
 from ..api.cluster import ClusterTopology
 from ..api.common import Collective, Source
 from ..api.plan import Choice, Estimate
-from .baselines import SUPPORTED
-from .bounds import lower_bound
-from .busbw import algbw_gbps, busbw_gbps
-from .cost import PROTOCOLS, protocol_cost
-from .ir import Schedule, ScheduleArrays
-from .msccl_reader import from_msccl_xml
-from .nccl_default import default_estimate, nccl_graph
-from .routing import Router
-from .simulate import simulate
+from .cost.bounds import lower_bound
+from .cost.busbw import algbw_gbps, busbw_gbps
+from .cost.protocols import PROTOCOLS, protocol_cost
+from .formats.msccl.reader import from_msccl_xml
+from .nccl.baselines import SUPPORTED
+from .nccl.default import default_estimate, nccl_graph
+from .schedule.ir import Schedule, ScheduleArrays
+from .sim.routing import Router
+from .sim.simulate import simulate
 
 EVALUATOR = "event simulator"
 

@@ -17,9 +17,9 @@ import numpy as np
 
 from ..api.cluster import Dimension
 from ..api.common import Collective
-from ..model.arrays import sorted_unique
-from ..model.ir import ScheduleArrays
-from ..model.translations import Translations
+from ..model.schedule.ir import ScheduleArrays
+from ..model.sim.arrays import sorted_unique
+from ..model.sim.translations import Translations
 from .group import GroupTopo
 from .milp import SubDemand, SubSchedule
 from .sketch import Sketch, Stage

@@ -32,16 +32,16 @@ import numpy as np
 from ..api.cluster import ClusterTopology, Dimension
 from ..api.common import Collective, Source, format_size
 from ..api.plan import Estimate
-from ..model.bounds import lower_bound
-from ..model.busbw import algbw_gbps, busbw_gbps
-from ..model.check import check_schedule
-from ..model.cost import protocol_cost
-from ..model.ir import ScheduleArrays
-from ..model.msccl import MscclFormatError, lower_msccl
-from ..model.msccl_limits import MAX_CHANNELS, MAX_STEPS, first_selected
-from ..model.nccl_default import default_estimate, nccl_default, nccl_graph
-from ..model.routing import Router
-from ..model.simulate import simulate
+from ..model.cost.bounds import lower_bound
+from ..model.cost.busbw import algbw_gbps, busbw_gbps
+from ..model.cost.protocols import protocol_cost
+from ..model.formats.msccl.limits import MAX_CHANNELS, MAX_STEPS, first_selected
+from ..model.formats.msccl.writer import MscclFormatError, lower_msccl
+from ..model.nccl.default import default_estimate, nccl_default, nccl_graph
+from ..model.schedule.check import check_schedule
+from ..model.schedule.ir import ScheduleArrays
+from ..model.sim.routing import Router
+from ..model.sim.simulate import simulate
 from . import assemble as asm
 from .combine import Candidate, candidates
 from .milp import SubSchedule

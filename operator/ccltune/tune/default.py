@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from ..api.cluster import ClusterTopology
 from ..api.common import Collective
-from ..model.busbw import busbw_factor
-from ..model.cost import (
+from ..model.cost.busbw import busbw_factor
+from ..model.cost.protocols import (
     LL_MAX_BW,
     PER_CH_MAX_RING_LL128_BW,
     PER_CH_MAX_TREE_BW,
@@ -120,7 +120,7 @@ def _model_pick(collective: Collective, size: int, topo: ClusterTopology | None)
     if topo is None:
         return None
     try:
-        module = importlib.import_module("ccltune.model.nccl_default")
+        module = importlib.import_module("ccltune.model.nccl.default")
         choice = module.nccl_default(collective, size, topo).choice
     except (ImportError, ValueError):
         return None

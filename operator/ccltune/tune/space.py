@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from ..api.common import Collective
 from ..api.errors import InputError
-from ..model.msccl_limits import MAX_CHANNELS as MSCCL_MAX_CHANNELS
+from ..model.formats.msccl.limits import MAX_CHANNELS as MSCCL_MAX_CHANNELS
 from .fabric import FabricFacts
 
 ALGOS_BY_COLLECTIVE: dict[Collective, tuple[str, ...]] = {

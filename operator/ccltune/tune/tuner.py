@@ -31,7 +31,7 @@ from ..api.cluster import ClusterTopology
 from ..api.common import Collective, Source, format_size
 from ..api.errors import InputError
 from ..api.plan import Choice, Estimate, PlanTask, TaskKey
-from ..model.busbw import algbw_gbps, busbw_gbps
+from ..model.cost.busbw import algbw_gbps, busbw_gbps
 from ..topology.subgroup import subcluster
 from .default import (
     default_channels,

@@ -36,7 +36,7 @@ from typing import Literal
 from ...api.common import Collective, Source
 from ...api.errors import InputError
 from ...api.plan import TaskKey
-from ...model.cost import canonical_algorithm, canonical_protocol
+from ...model.cost.protocols import canonical_algorithm, canonical_protocol
 from ..fabric import FabricFacts
 from ..keys import parse_collective
 from ..space import (

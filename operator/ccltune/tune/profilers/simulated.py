@@ -38,8 +38,8 @@ from ...api.cluster import ClusterTopology
 from ...api.common import Collective, Source
 from ...api.errors import InputError
 from ...api.plan import TaskKey
-from ...model.busbw import busbw_factor
-from ...model.cost import (
+from ...model.cost.busbw import busbw_factor
+from ...model.cost.protocols import (
     BASE_LAT,
     HW_LAT,
     LL_MAX_BW,

@@ -23,7 +23,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .msccl import MscclFormatError
+from .writer import MscclFormatError
 
 NCCL_STEPS = 8
 CHUNK_SLOTS = {"Simple": 4, "LL": 1, "LL128": 1}

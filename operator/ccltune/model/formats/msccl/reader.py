@@ -16,11 +16,10 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 
-from ..api.common import Collective
-from .check import ScheduleError, topological_order
-from .ir import Schedule, Transfer
-from .msccl import PROTOCOLS, MscclFormatError, _Layout
-from .msccl_exec import (
+from ....api.common import Collective
+from ...schedule.check import ScheduleError, topological_order
+from ...schedule.ir import Schedule, Transfer
+from .executor import (
     READS_SRC,
     RECV_TYPES,
     SEND_TYPES,
@@ -30,8 +29,9 @@ from .msccl_exec import (
     execute,
     slots_per_step,
 )
-from .msccl_limits import MAX_COUNT
-from .msccl_replay import Reach, Value, prove
+from .limits import MAX_COUNT
+from .replay import Reach, Value, prove
+from .writer import PROTOCOLS, MscclFormatError, _Layout
 
 # Attributes msccl_parser.cc reads with mscclXmlGetAttr* (a missing one fails the load); others
 # (TACCL's redop, comments) are ignored as the parser ignores them.

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from ..api.common import Collective
-from ..api.errors import InternalError
+from ...api.common import Collective
+from ...api.errors import InternalError
 from .ir import Schedule
 
 

@@ -38,12 +38,12 @@ from typing import Literal
 
 import numpy as np
 
-from ..api.cluster import ClusterTopology
-from ..api.common import Source
-from ..api.errors import InternalError
+from ...api.cluster import ClusterTopology
+from ...api.common import Source
+from ...api.errors import InternalError
+from ..cost.protocols import SIMPLE, ProtocolCost
+from ..schedule.ir import Schedule, ScheduleArrays
 from .arrays import sorted_unique
-from .cost import SIMPLE, ProtocolCost
-from .ir import Schedule, ScheduleArrays
 from .routing import Router
 from .symmetric_sim import Quotient, prepare_symmetric
 

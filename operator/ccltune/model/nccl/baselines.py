@@ -35,12 +35,12 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..api.cluster import ClusterTopology, DeviceKind, LinkKind
-from ..api.common import Collective
-from ..api.errors import InternalError
-from .cost import NCCL_STEPS
-from .ir import Schedule, ScheduleArrays
-from .translations import Translations
+from ...api.cluster import ClusterTopology, DeviceKind, LinkKind
+from ...api.common import Collective
+from ...api.errors import InternalError
+from ..cost.protocols import NCCL_STEPS
+from ..schedule.ir import Schedule, ScheduleArrays
+from ..sim.translations import Translations
 
 IN_FLIGHT = NCCL_STEPS // (NCCL_STEPS // 2)  # chunks in flight per connection (see above)
 

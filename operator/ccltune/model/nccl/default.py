@@ -30,13 +30,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from ..api.cluster import ClusterTopology, DeviceKind, LinkKind
-from ..api.common import Collective, Source
-from ..api.plan import Choice, Estimate
-from .baselines import nccl_schedule_arrays
-from .bounds import lower_bound
-from .busbw import algbw_gbps, busbw_gbps
-from .cost import (
+from ...api.cluster import ClusterTopology, DeviceKind, LinkKind
+from ...api.common import Collective, Source
+from ...api.plan import Choice, Estimate
+from ..cost.bounds import lower_bound
+from ..cost.busbw import algbw_gbps, busbw_gbps
+from ..cost.protocols import (
     MAX_THREADS,
     MAXCHANNELS,
     PCI_BW,
@@ -56,8 +55,9 @@ from .cost import (
     speed_arrays,
     tree_correction,
 )
-from .routing import Router
-from .simulate import simulate
+from ..sim.routing import Router
+from ..sim.simulate import simulate
+from .baselines import nccl_schedule_arrays
 
 P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD default, bytes per peer
 

@@ -31,10 +31,10 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..api.cluster import ClusterTopology, DeviceKind
-from ..api.common import Collective
+from ...api.cluster import ClusterTopology, DeviceKind
+from ...api.common import Collective
 from .busbw import busbw_gbps
-from .cost import PROTOCOL_COSTS, ProtocolCost, canonical_protocol
+from .protocols import PROTOCOL_COSTS, ProtocolCost, canonical_protocol
 
 _FULL_LATENCY_RANKS = 256  # beyond this, the hop-latency bound samples source ranks (still valid)
 

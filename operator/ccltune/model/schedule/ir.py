@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..api.common import Collective
+from ...api.common import Collective
 
 
 @dataclass(frozen=True, slots=True)

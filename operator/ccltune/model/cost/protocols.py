@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from ..api.cluster import LinkKind
+from ...api.cluster import LinkKind
 
 
 @dataclass(frozen=True, slots=True)

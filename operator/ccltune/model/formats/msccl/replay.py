@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..api.common import Collective
-from .msccl import MscclFormatError, _Layout
-from .msccl_exec import (
+from ....api.common import Collective
+from .executor import (
     RECV_TYPES,
     REDUCING_TYPES,
     SEND_TYPES,
@@ -23,6 +22,7 @@ from .msccl_exec import (
     Program,
     XStep,
 )
+from .writer import MscclFormatError, _Layout
 
 Value = tuple[int, int]  # (chunk of the collective's chunk space, bitset of ranks it holds)
 Slot = tuple[int, str, int]  # (gpu, buffer, chunk offset) after in-place aliasing

@@ -16,7 +16,7 @@ Sources (Azure/msccl-executor-nccl c6f6b36, as vendored by the conformance kit):
 
 from __future__ import annotations
 
-from ..api.common import Collective
+from ....api.common import Collective
 
 MAX_STEPS = 64
 MAX_TB_PER_CHANNEL = 32

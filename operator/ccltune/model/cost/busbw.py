@@ -8,7 +8,7 @@ allreduce 2(n-1)/n; allgather, reducescatter and alltoall (n-1)/n; broadcast (an
 
 from __future__ import annotations
 
-from ..api.common import Collective
+from ...api.common import Collective
 
 
 def busbw_factor(collective: Collective | str, nranks: int) -> float:

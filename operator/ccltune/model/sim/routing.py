@@ -16,8 +16,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..api.cluster import ClusterTopology, DeviceKind
-from ..api.errors import InternalError
+from ...api.cluster import ClusterTopology, DeviceKind
+from ...api.errors import InternalError
 from .arrays import sorted_unique
 
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..api.cluster import ClusterTopology
+from ...api.cluster import ClusterTopology
+from ..cost.protocols import ProtocolCost
+from ..schedule.ir import ScheduleArrays
 from .arrays import sorted_unique
-from .cost import ProtocolCost
-from .ir import ScheduleArrays
 from .routing import Router
 from .translations import Translations
 

@@ -36,11 +36,11 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..api.common import Collective
-from ..api.errors import InternalError
-from .check import ScheduleError, check_schedule, topological_order
-from .ir import Schedule
-from .msccl_limits import (
+from ....api.common import Collective
+from ....api.errors import InternalError
+from ...schedule.check import ScheduleError, check_schedule, topological_order
+from ...schedule.ir import Schedule
+from .limits import (
     MAX_CHANNELS,
     MAX_COUNT,
     MAX_GPUS,
