@@ -1,12 +1,14 @@
 """Model fidelity: NCCL's default choice as the model times it vs real nccl-tests measurements.
 
-Run: .venv/bin/python benchmarks/model_fidelity.py [SET ...]
+Run: .venv/bin/python benchmarks/model_fidelity.py [--protocol LL|LL128|Simple] [SET ...]
 
 Every set under benchmarks/data/nccl-tests/<set>/ (SOURCE.md names its origin and hardware;
 set.json names the collective, the log and the cluster: a preset or a cluster file beside it).
 Per size: measured out-of-place time, `default_estimate` (the simulated time of NCCL's default
 choice, the number ccltune compares against) and NCCL's own tuning-formula time. Summary: median
 absolute % error over all sizes and from 1 MiB up, Spearman rank correlation of busbw over sizes.
+`--protocol P` times NCCL's choice with protocol P forced at every size (NCCL_PROTO=P): a what-if
+for sets whose library version may not have picked what NCCL 2.30.7 picks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from ccltune.api.cluster import ClusterTopology
 from ccltune.model.cost.busbw import busbw_gbps
+from ccltune.model.cost.gpu import LL_OF_SIMPLE
 from ccltune.model.nccl.default import default_estimate, nccl_default
 from ccltune.model.sim.routing import Router
 from ccltune.topology.load import load_cluster
@@ -102,7 +105,7 @@ def fmt_size(n: int) -> str:
     return str(n)
 
 
-def evaluate(s: MeasuredSet) -> dict[str, float]:
+def evaluate(s: MeasuredSet, protocol: str | None = None) -> dict[str, float]:
     n = s.topo.world_size
     router = Router(s.topo)
     print(f"\n## {s.name}\n")
@@ -116,8 +119,12 @@ def evaluate(s: MeasuredSet) -> dict[str, float]:
     bus_meas: list[float] = []
     bus_sim: list[float] = []
     for row in s.rows:
-        est = default_estimate(s.collective, row.size, s.topo, router=router, with_bound=False)
         formula = nccl_default(s.collective, row.size, s.topo)
+        choice = None
+        if protocol:
+            choice = formula.choice.model_copy(update={"protocol": protocol})
+        est = default_estimate(s.collective, row.size, s.topo, router=router, with_bound=False,
+                               choice=choice)  # fmt: skip
         e_sim = 100.0 * (est.time_us - row.time_us) / row.time_us
         err_sim.append((row.size, e_sim))
         f_cell = e_cell = "-"
@@ -128,9 +135,9 @@ def evaluate(s: MeasuredSet) -> dict[str, float]:
         b_meas = busbw_gbps(s.collective, n, row.size, row.time_us)
         bus_meas.append(b_meas)
         bus_sim.append(est.busbw_gbps)
-        choice = est.choice.describe() if est.choice else "-"
+        ran = est.choice.describe() if est.choice else "-"
         print(f"| {fmt_size(row.size)} | {row.time_us:.1f} | {est.time_us:.1f} | {e_sim:+.0f} | "
-              f"{f_cell} | {e_cell} | {choice} | {b_meas:.1f} | {est.busbw_gbps:.1f} |",
+              f"{f_cell} | {e_cell} | {ran} | {b_meas:.1f} | {est.busbw_gbps:.1f} |",
               flush=True)  # fmt: skip
     big = [e for size, e in err_sim if size >= MIB]
     return {
@@ -146,16 +153,26 @@ def evaluate(s: MeasuredSet) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     start = time.time()
+    protocol = None
+    if argv[:1] == ["--protocol"]:
+        if len(argv) < 2 or argv[1] not in ("LL", "LL128", "Simple"):
+            print("--protocol takes LL, LL128 or Simple", file=sys.stderr)
+            return 2
+        protocol, argv = argv[1], argv[2:]
     names = argv or sorted(p.name for p in DATA.iterdir() if (p / "set.json").is_file())
-    print("# Model fidelity: NCCL's default, modelled vs measured (nccl-tests)\n")
-    print("Command: `.venv/bin/python benchmarks/model_fidelity.py`\n")
+    what = f"NCCL's choice with {protocol} forced" if protocol else "NCCL's default"
+    print(f"# Model fidelity: {what}, modelled vs measured (nccl-tests)\n")
+    flag = f" --protocol {protocol}" if protocol else ""
+    print(f"Command: `.venv/bin/python benchmarks/model_fidelity.py{flag}`\n")
     print(f"Machine: nproc={os.cpu_count()}, Python {platform.python_version()}, {cpu_model()}\n")
     print("`measured` = nccl-tests out-of-place time (real runs, SOURCE.md per set); `simulated` =")
     print(
         "`default_estimate` (NCCL's default choice run in ccltune's simulator, the baseline of every"
     )
     print("speedup ccltune prints); `NCCL formula` = NCCL's own tuning-model time for that choice.")
-    results = {s.name: evaluate(s) for name in names for s in load_sets(DATA / name)}
+    print(f"Model: per-threadblock physics of `model/cost/gpu.py`; its one fitted constant, "
+          f"LL_OF_SIMPLE = {LL_OF_SIMPLE}, was fitted to these sets (docs/cost-model.md).")  # fmt: skip
+    results = {s.name: evaluate(s, protocol) for name in names for s in load_sets(DATA / name)}
     print("\n## Summary\n")
     print(f"Median absolute % error of the simulated time (target <= {TARGET_PCT:.0f}% from 1 MiB up); "
           "signed median from 1 MiB up (+ = model slower than measured); Spearman rho of busbw over "

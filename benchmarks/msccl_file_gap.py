@@ -1,7 +1,9 @@
 """Synthesized MSCCL schedules: the engine's arrays vs the published file read back (simulated).
 
 Both columns come from the event simulator; "file" is what the plan reports and publishes
-(model/evaluate.py published_estimate). Sizes: the example's tasks on dgx-h100-2, LO..HI.
+(model/evaluate.py published_estimate). Sizes: the example's tasks on dgx-h100-2, LO..HI. Also
+printed: the file's threadblocks per GPU (the SM budget is synthesis.maxThreadblocks, default
+NCCL's channel count) and its size.
 
 Run: .venv/bin/python benchmarks/msccl_file_gap.py [LO_BYTES HI_BYTES] \
        > benchmarks/results/msccl-file-gap.md
@@ -32,9 +34,9 @@ def main() -> None:
     sizes = [lo << k for k in range((hi // lo).bit_length())]
     print(f"Simulated (event simulator; no wall-clock timing, so no machine dependence): "
           f"`.venv/bin/python benchmarks/msccl_file_gap.py {lo} {hi}`\n")  # fmt: skip
-    print("| task | size (B) | variant, protocol | engine us | file us | file/engine | "
-          "NCCL default us |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("| task | size (B) | variant, protocol | TBs/GPU | file KiB | engine us | file us | "
+          "file/engine | NCCL default us |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for i, (key, comm) in enumerate(task_keys(spec, cluster)):
         sub = subcluster(cluster, comm.ranks)
         with tempfile.TemporaryDirectory() as tmp:
@@ -54,8 +56,9 @@ def main() -> None:
                 ref = nccl_estimate(key.collective, s, sub)
                 label = r.label.replace("|", "\\|")
                 print(f"| t{i} {key.collective} {key.ranks}r | {s} | {label}, {r.protocol} | "
-                      f"{eng.time_us:.2f} | {got.time_us:.2f} | {got.time_us / eng.time_us:.2f} | "
-                      f"{ref.time_us:.2f} |")  # fmt: skip
+                      f"{r.threadblocks} | {len(text.encode()) / 1024:.0f} | {eng.time_us:.2f} | "
+                      f"{got.time_us:.2f} | {got.time_us / eng.time_us:.2f} | "
+                      f"{ref.time_us:.2f} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

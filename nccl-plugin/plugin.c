@@ -24,6 +24,8 @@ typedef struct {
   ccltTable table;
   int trialMode;  /* CCLTUNE_TRIALS set: benchmark launches switch configuration per call */
   ccltTrials trials;
+  int warnedIndex;  /* the last unusable (entry, size) logged, so a size's calls log it once */
+  size_t warnedBytes;
   ncclDebugLogger_t log;
 } context;
 
@@ -41,6 +43,7 @@ static ncclResult_t initCommon(void** ctxOut, size_t nRanks, size_t nNodes, nccl
       return ncclSuccess;
     }
     ctx->trialMode = 1;
+    ctx->warnedIndex = -1;
     if (log)
       log(NCCL_LOG_INFO, NCCL_INIT | NCCL_TUNING, __FILE__, __LINE__,
           "ccltune tuner: trial mode, %d entries, warmup %llu, period %llu calls", ctx->trials.n,
@@ -69,14 +72,18 @@ static ncclResult_t initCommon(void** ctxOut, size_t nRanks, size_t nNodes, nccl
 }
 
 /* The call's trial entry, when NCCL offers its cell; otherwise NCCL chooses and a WARN line names
- * the entry so the benchmark's parser records its points missing. */
-static ncclResult_t trialInfo(context* ctx, float* cost, int numAlgo, int numProto, int* nChannels) {
+ * the entry and size (once per run of such calls) so the benchmark's parser records that point
+ * missing. */
+static ncclResult_t trialInfo(context* ctx, size_t nBytes, float* cost, int numAlgo, int numProto, int* nChannels) {
   int index;
   const ccltChoice* c = ccltTrialsNext(&ctx->trials, &index);
   if (!c) return ncclSuccess;
   if (c->algo >= numAlgo || c->proto >= numProto || cost[c->algo * numProto + c->proto] < 0.0f) {
-    if (ctx->log)
-      ctx->log(NCCL_LOG_WARN, NCCL_TUNING, __FILE__, __LINE__, "ccltune trial %d unusable", index);
+    if (ctx->log && (index != ctx->warnedIndex || nBytes != ctx->warnedBytes))
+      ctx->log(NCCL_LOG_WARN, NCCL_TUNING, __FILE__, __LINE__, "ccltune trial %d unusable at %zu bytes", index,
+               nBytes);
+    ctx->warnedIndex = index;
+    ctx->warnedBytes = nBytes;
     return ncclSuccess;
   }
   cost[c->algo * numProto + c->proto] = 0.0f;
@@ -87,7 +94,8 @@ static ncclResult_t trialInfo(context* ctx, float* cost, int numAlgo, int numPro
 static ncclResult_t collInfo(void* vctx, ncclFunc_t coll, size_t nBytes, float** costTable, int numAlgo,
                              int numProto, int* nChannels) {
   context* ctx = vctx;
-  if (ctx && ctx->trialMode && costTable && numAlgo > 0 && numProto > 0) return trialInfo(ctx, (float*)costTable, numAlgo, numProto, nChannels);
+  if (ctx && ctx->trialMode && costTable && numAlgo > 0 && numProto > 0)
+    return trialInfo(ctx, nBytes, (float*)costTable, numAlgo, numProto, nChannels);
   if (!ctx || !ctx->enabled || !costTable || numAlgo <= 0 || numProto <= 0) return ncclSuccess;
   /* NCCL passes its float[numAlgo][numProto] array cast to float** (enqueue.cc ncclGetAlgoInfo). */
   float* cost = (float*)costTable;

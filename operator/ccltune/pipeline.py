@@ -7,9 +7,10 @@ run synthesis/tuning when asked, and render the files to publish.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .api.ccltuning import CCLTuningSpec, CollectiveTask, Parallelism, PublishOptions
 from .api.cluster import ClusterTopology
@@ -17,7 +18,7 @@ from .api.common import Collective, Source, parse_size
 from .api.errors import InputError
 from .api.plan import Estimate, Plan, PlanFile, PlanTask, TaskKey
 from .model.evaluate import nccl_estimate
-from .plan_steps import Judge, msccl_step, realize_step, synth_step, tune_step
+from .plan_steps import Judge, msccl_step, realize_step, synth_step, synthesis_unit, tune_step
 from .publish.files import (
     NCCL_CONF,
     NCCL_TOPO,
@@ -27,11 +28,13 @@ from .publish.files import (
 )
 from .publish.report_files import published_report_files
 from .publish.runtime import RCCL_MSCCL_ENV, RuntimeMismatch, check_gpus, nccl_version, runs_msccl
+from .synth.units import SynthesisUnit, Synthesized, run_units
 from .topology.export import describe
 from .topology.shape_warnings import shape_warnings
 from .topology.subgroup import subcluster
 from .topology.topo_file import decide as decide_topology_file
 from .tune.emit import check_process_wide
+from .tune.tuner import TuningResult, communicator_topology, tune_tasks
 
 Progress = Callable[[str], None]
 
@@ -190,11 +193,42 @@ def _with_bounds(task: PlanTask, baseline: PlanTask) -> PlanTask:
     })  # fmt: skip
 
 
+def judged_tuning(keys: list[TaskKey], topo: ClusterTopology, *, say: Progress | None = None,
+                  **tune_options: Any) -> tuple[TuningResult, list[PlanTask]]:  # fmt: skip
+    """`ccltune tune` on the simulated profiler, judged as a plan is: NCCL's default and every
+    pick timed by the common evaluator in this run, a pick it does not time faster not
+    published (nor written to the tuner files), every row with its bound. Returns the tuning
+    (its files) and one task per key with both sides from the evaluator."""
+    subs = [communicator_topology(topo, k) for k in keys]
+    for key, sub in zip(keys, subs, strict=True):
+        if sub is None:
+            raise PlanError(f"--ranks/--nodes: {key.ranks} ranks on {key.nodes} node(s) is not a "
+                            f"communicator of {topo.name!r}")  # fmt: skip
+    usable = [s for s in subs if s is not None]
+    baseline = [_baseline_task(k, s, say or (lambda _msg: None)) for k, s in zip(keys, usable, strict=True)]
+    judge = Judge(baseline, usable)
+    result = tune_tasks(keys, topo, keep=judge, **tune_options)
+    tasks = [judge.retime(t) for t in result.plan_tasks_by_key()]
+    return result, [_with_bounds(t, b) for t, b in zip(tasks, baseline, strict=True)]
+
+
 def _topology_files(topo: ClusterTopology, publish: PublishOptions) -> tuple[list[PlanFile], list[str]]:
     """NCCL_TOPO_FILE only where it helps and is safe (topology/topo_file.py decides)."""
     decision = decide_topology_file(topo, publish.topology_file, publish.runtime)
     files = [plan_file(NCCL_TOPO, decision.xml)] if decision.xml is not None else []
     return files, decision.notes
+
+
+def synthesis_units(spec: CCLTuningSpec, cluster: ClusterTopology) -> list[SynthesisUnit]:
+    """The syntheses build_plan will run, without running anything (the operator shards them)."""
+    if not spec.synthesis.enabled or not runs_msccl(spec.publish.runtime):
+        return []
+    return [
+        SynthesisUnit(index, subcluster(cluster, comm.ranks), key.collective,
+                      tuple(size_points(key.min_bytes, key.max_bytes)),
+                      spec.synthesis.time_budget_seconds, spec.synthesis.max_threadblocks)
+        for index, (key, comm) in enumerate(task_keys(spec, cluster))
+    ]  # fmt: skip
 
 
 def build_plan(
@@ -205,8 +239,12 @@ def build_plan(
     progress: Progress | None = None,
     profiles: Path | None = None,
     profile_note: str | None = None,
+    workers: int = 1,
+    syntheses: Mapping[int, Synthesized] | None = None,
 ) -> Plan:
-    """The whole offline pipeline. Deterministic: same inputs, same files and digest."""
+    """The whole offline pipeline. Deterministic: same inputs, same files and digest, whatever
+    `workers` (processes for the tasks' syntheses) and wherever `syntheses` (task index -> its
+    synthesis, e.g. from an Indexed Job's shards; synthesis_units lists them) were run."""
     say = progress or (lambda _msg: None)
     runtime = tuning.publish.runtime
     try:
@@ -238,9 +276,14 @@ def build_plan(
         before = [t.chosen_estimates for t in tasks]
         before_defaults = [t.default_estimates for t in tasks]
         xml_files: list[PlanFile] = []
+        done = dict(syntheses or {})
+        if workers > 1:  # the tasks' syntheses are independent: run them at once
+            units = [synthesis_unit(tuning, sub, tasks[i], i) for i, sub in enumerate(subs)]
+            todo = [u for u in units if u.index not in done or done[u.index].sizes != u.sizes]
+            done.update(run_units(todo, workers=workers, progress=say))
         for index, sub in enumerate(subs):
             tasks[index], files_of_task = synth_step(tuning, sub, tasks[index], index, say,
-                                                     baseline[index])  # fmt: skip
+                                                     baseline[index], done.get(index))  # fmt: skip
             xml_files += files_of_task
         tasks, xml_files, msccl_notes = msccl_step(runtime, tasks, before, xml_files, before_defaults)
         notes += msccl_notes
@@ -272,4 +315,4 @@ def build_plan(
 
 
 __all__ = ["Communicator", "PlanError", "Source", "build_plan", "expand_tasks", "size_points",
-           "task_keys"]
+           "synthesis_units", "task_keys"]

@@ -8,8 +8,8 @@ its simulated time beats the choice made so far. Both keep every estimate's sour
 from __future__ import annotations
 
 import re
-import tempfile
-from collections.abc import Callable
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .api.ccltuning import CCLTuningSpec
@@ -18,20 +18,22 @@ from .api.common import format_size
 from .api.plan import Choice, Estimate, PlanFile, PlanTask, TaskKey
 from .model.evaluate import EVALUATOR, NotEvaluable, faster, nccl_estimate, published_estimate
 from .model.formats.msccl.limits import first_selected
+from .model.formats.msccl.writer import MscclFormatError
 from .publish.files import MSCCL_DIR, TUNER_CSV, plan_file
 from .publish.runtime import (
     AlgoMeta,
     algo_meta,
     publishable_protocol,
+    runs_msccl,
     selected_everywhere,
     selected_file,
 )
-from .synth.engine import synthesize
+from .synth.units import SynthesisUnit, Synthesized, synthesize_unit
 from .tune.profilers.base import ProfilerError
 from .tune.profilers.replay import ReplayProfiler
-from .tune.space import Config
+from .tune.space import MSCCL_PREFIX, Config
 from .tune.table import TABLE_FILE
-from .tune.tuner import TUNER_FILE, tune_tasks
+from .tune.tuner import TUNER_FILE, VariantFile, tune_tasks
 
 Progress = Callable[[str], None]
 
@@ -115,12 +117,19 @@ def _tune_on_profiles(spec: CCLTuningSpec, cluster: ClusterTopology, tasks: list
                       version: str, profiles: Path) -> tuple[list[PlanTask], dict[str, str], list[PlanFile], list[str]]:  # fmt: skip
     """Tuning on measured data: tasks the profiles have no sizes for keep NCCL's defaults."""
     opts = spec.tuning
+    runtime = spec.publish.runtime
     # Gaps between measured sizes of one configuration are interpolated (labelled); nothing else.
-    profiler = ReplayProfiler.from_dir(profiles, fallback="interpolate")
+    # MSCCL variant rows (msccl:<name>) join the search where the runtime runs MSCCL files.
+    profiler = ReplayProfiler.from_dir(profiles, fallback="interpolate", runtime=runtime)
     say(f"tuning {len(tasks)} task(s): {opts.searcher}, measured profiles from {profiles}, budget {opts.budget}")
+    # A winning variant is matched to the plan's synthesized file of its name (synth_step).
+    synthesizes = spec.synthesis.enabled and runs_msccl(runtime)
+    pending: VariantFile = (lambda _k, _c: None) if synthesizes else variant_resolver(
+        {}, "the plan's synthesized files (synthesis is off)")
     try:
         result = tune_tasks([t.key for t in tasks], cluster, searcher=opts.searcher, profiler=profiler,
-                            budget=opts.budget, seed=opts.seed, nccl_version=version)  # fmt: skip
+                            budget=opts.budget, seed=opts.seed, nccl_version=version,
+                            variant_file=pending)  # fmt: skip
     except ProfilerError as exc:
         return tasks, {}, [], [f"tuning: the measured profiles in {profiles} cannot tune these tasks ({exc}); "
                                "NCCL defaults are used"]
@@ -135,6 +144,49 @@ def _tune_on_profiles(spec: CCLTuningSpec, cluster: ClusterTopology, tasks: list
         files.append(plan_file(TABLE_FILE, result.files[TABLE_FILE]))
     notes = [f"tuning: {n}" for n in [*profiler.notes, *result.notes]]
     return [tuned.get(t.key.label(), t) for t in tasks], dict(result.env), files, notes
+
+
+def schedule_files(directory: Path) -> dict[str, str]:
+    """MSCCL schedule files beside measured profiles (DIR/*.xml, DIR/msccl/*): name -> XML."""
+    found = sorted(directory.glob("*.xml")) + sorted(p for p in (directory / "msccl").glob("*") if p.is_file())
+    return {p.name: p.read_text(encoding="utf-8") for p in found}
+
+
+def _file_named(schedule: str, names: Mapping[str, str]) -> str | None:
+    """The file a variant `msccl:<schedule>` names: `<schedule>` or `<schedule>.xml`, or a plan's
+    published `t<i>-<schedule>[.xml]` (names maps a name the variant may use to the file's key)."""
+    for candidate in (schedule, f"{schedule}.xml"):
+        if candidate in names:
+            return names[candidate]
+    return None
+
+
+def variant_mismatch(name: str, text: str, key: TaskKey, protocol: str | None, nchannels: int | None) -> str | None:
+    """Why file `name` is not the schedule the variant measured, or None. The executor reads
+    coll, ngpus, proto and nchannels from the <algo> tag (msccl-executor-nccl msccl_parser.cc);
+    a variant's channels x instances is the file's nchannels."""
+    try:
+        algo = ET.fromstring(text)
+    except ET.ParseError as exc:
+        return f"{name} is not XML ({exc})"
+    a = algo.attrib
+    want = {"coll": str(key.collective), "ngpus": str(key.ranks), "proto": str(protocol), "nchannels": str(nchannels)}
+    wrong = [f"{k}={a.get(k)!r}, the variant {v!r}" for k, v in want.items() if a.get(k) != v]
+    if algo.tag != "algo" or wrong:
+        return f"{name} is another schedule ({'; '.join(wrong) or 'root is not <algo>'})"
+    return None
+
+
+def variant_resolver(files: Mapping[str, str], where: str) -> VariantFile:
+    """Matches a winning variant `msccl:<name>` to the file of that name in `files`."""
+    def resolve(key: TaskKey, config: Config) -> tuple[str, str] | str:
+        schedule = config.impl.algorithm.removeprefix(MSCCL_PREFIX)
+        name = _file_named(schedule, {n: n for n in files})
+        if name is None:
+            return f"no schedule file named {schedule} (or {schedule}.xml) in {where}"
+        why = variant_mismatch(name, files[name], key, config.impl.protocol, config.channels * config.instances)
+        return why or (f"{MSCCL_DIR}/{name}", files[name])
+    return resolve
 
 
 def _revert(task: PlanTask, before: list[Estimate], sizes: set[int],
@@ -273,61 +325,106 @@ def _reference(here: Estimate | None, default: Estimate, sub: ClusterTopology, t
     return default
 
 
+def synthesis_unit(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask,
+                   index: int) -> SynthesisUnit:  # fmt: skip
+    """The synthesis synth_step needs for this task (run here, in a pool or in a shard)."""
+    return SynthesisUnit(index, sub, task.key.collective,
+                         tuple(e.size_bytes for e in task.default_estimates),
+                         spec.synthesis.time_budget_seconds,
+                         spec.synthesis.max_threadblocks)  # fmt: skip
+
+
 def synth_step(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask, index: int,
-               say: Progress, baseline: PlanTask | None = None) -> tuple[PlanTask, list[PlanFile]]:  # fmt: skip
+               say: Progress, baseline: PlanTask | None = None,
+               done: Synthesized | None = None) -> tuple[PlanTask, list[PlanFile]]:  # fmt: skip
     """The task with MSCCL where a synthesized schedule is faster; its XML files. Both sides are
-    timed by the common evaluator: `baseline` holds its NCCL-default estimates."""
+    timed by the common evaluator: `baseline` holds its NCCL-default estimates. `done`: this
+    task's synthesis run elsewhere (a pool, a shard), used when it was run for the same sizes."""
     key = task.key
-    sizes = [e.size_bytes for e in task.default_estimates]
-    say(f"synthesizing {key.collective} on {key.ranks} ranks ({len(sizes)} sizes)")
-    with tempfile.TemporaryDirectory() as tmp:
-        res = synthesize(sub, key.collective, sizes,
-                         time_budget_s=spec.synthesis.time_budget_seconds, out_dir=tmp,
-                         max_threadblocks=spec.synthesis.max_threadblocks)  # fmt: skip
-        xml = {Path(r.xml_file).name: Path(r.xml_file).read_text(encoding="utf-8")
-               for r in res.ranges if r.xml_file}  # fmt: skip
+    unit = synthesis_unit(spec, sub, task, index)
+    if done is None or done.sizes != unit.sizes:
+        say(f"synthesizing {key.collective} on {key.ranks} ranks ({len(unit.sizes)} sizes)")
+        done = synthesize_unit(unit)
+    xml = dict(done.files)
     # Files over the ConfigMap limit are published packed (publish/configmaps.py).
-    notes = [*task.notes, *(f"synthesis: {n}" for n in res.notes)]
+    notes = [*task.notes, *(f"synthesis: {n}" for n in done.notes)]
     path_of = {name: f"{MSCCL_DIR}/t{index}-{name}" for name in xml}
     file_at: dict[int, tuple[str, str]] = {}  # size -> (published path, file name)
     sizes_of: dict[str, list[int]] = {}  # file name -> the sizes its range was built for
-    for r in res.ranges:
-        if r.xml_file and Path(r.xml_file).name in path_of:
-            name = Path(r.xml_file).name
-            sizes_of[name] = [s.size_bytes for s in r.sizes]
-            for s in r.sizes:
-                file_at[s.size_bytes] = (path_of[name], name)
+    for name, range_sizes in done.ranges:
+        if name in path_of:
+            sizes_of[name] = list(range_sizes)
+            for size in range_sizes:
+                file_at[size] = (path_of[name], name)
     # What the task runs so far at each size: tuning's buckets, else NCCL's default.
     current = {e.size_bytes: e for e in [*task.default_estimates, *task.chosen_estimates]}
     defaults = {e.size_bytes: e for e in task.default_estimates}
     common = {e.size_bytes: e for e in (baseline or task).default_estimates}
     used: set[str] = set()
     claimed: dict[str, list[int]] = {}
-    for s in res.sizes:
-        if s.size_bytes not in file_at or s.size_bytes not in common:
+    measured = _measured_variants(task, xml, path_of, current, defaults, notes)
+    for size, (name, path) in measured.items():
+        used.add(path)
+        claimed.setdefault(name, []).append(size)
+    unrunnable: set[str] = set()
+    for size, chosen, protocol in done.picks:
+        if size not in file_at or size not in common or size in measured or file_at[size][1] in unrunnable:
             continue
-        path, name = file_at[s.size_bytes]
-        choice = Choice(kind="msccl", algorithm=s.chosen, protocol=s.protocol, msccl_file=path)
+        path, name = file_at[size]
+        choice = Choice(kind="msccl", algorithm=chosen, protocol=protocol, msccl_file=path)
         # The file as written decides (its threadblocks serialize what the engine's schedule
         # overlaps): a row, and its file, only where that beats the reference.
-        est = published_estimate(key.collective, s.size_bytes, sub, xml[name], choice)
-        ref = _reference(current.get(s.size_bytes), common[s.size_bytes], sub, task)
+        try:
+            est = published_estimate(key.collective, size, sub, xml[name], choice)
+        except MscclFormatError as exc:  # e.g. merged threadblocks the executor would block on
+            unrunnable.add(name)
+            notes.append(f"synthesis: {name} not published: read back as the executor runs it, {exc}")
+            continue
+        ref = _reference(current.get(size), common[size], sub, task)
         if faster(est.time_us, ref.time_us):
-            current[s.size_bytes] = est
-            defaults[s.size_bytes] = common[s.size_bytes]  # its default from the same evaluator
+            current[size] = est
+            defaults[size] = common[size]  # its default from the same evaluator
             used.add(path)
-            claimed.setdefault(name, []).append(s.size_bytes)
+            claimed.setdefault(name, []).append(size)
     estimates = [current[size] for size in sorted(current)]
-    if not res.symmetric:
+    if not done.symmetric:
         notes.append("synthesis: asymmetric communicator, NCCL kept (see the note above)")
     top = estimates[-1].choice if estimates and estimates[-1].choice else task.chosen
     for name, got in claimed.items():
-        xml[name] = _narrowed(xml[name], sizes_of[name], sorted(got))
+        if name in sizes_of and set(got) <= set(sizes_of[name]):
+            xml[name] = _narrowed(xml[name], sizes_of[name], sorted(got))
     files = [plan_file(p, xml[name]) for name, p in path_of.items() if p in used]
     return task.model_copy(update={
         "chosen_estimates": estimates, "chosen": top, "notes": notes,
         "default_estimates": [defaults[size] for size in sorted(defaults)],
     }), files  # fmt: skip
+
+
+def _measured_variants(task: PlanTask, xml: dict[str, str], path_of: dict[str, str], current: dict[int, Estimate],
+                       defaults: dict[int, Estimate], notes: list[str]) -> dict[int, tuple[str, str]]:
+    """Measured MSCCL variants (plan --profiles) matched to this task's synthesized file of their
+    name: size -> (file name, published path). Unmatched sizes get NCCL's default, with a note."""
+    names = {**{n: n for n in xml}, **{Path(p).name: n for n, p in path_of.items()}}
+    found: dict[int, tuple[str, str]] = {}
+    lost: dict[str, list[int]] = {}
+    for size, est in sorted(current.items()):
+        ch = est.choice
+        if ch is None or ch.kind != "msccl" or ch.msccl_file is not None or not ch.algorithm:
+            continue
+        schedule = ch.algorithm.rsplit("/", 1)[0]  # "<schedule>/<protocol> <c>ch x<i>" (tune/tuner.py)
+        name = _file_named(schedule, names)
+        why = (f"no synthesized file is named {schedule}" if name is None
+               else variant_mismatch(name, xml[name], task.key, ch.protocol, ch.channels))
+        if why is None and name is not None:
+            path = path_of[name]
+            current[size] = est.model_copy(update={"choice": ch.model_copy(update={"msccl_file": path})})
+            found[size] = (name, path)
+        else:
+            current[size] = defaults.get(size, est)  # no default here: realize_step reverts it
+            lost.setdefault(f"{ch.algorithm}: {why}", []).append(size)
+    notes += [f"measured MSCCL variant {what} at {', '.join(format_size(s) for s in sizes)}; NCCL's default is "
+              "reported there (the tuner row for the range still applies)" for what, sizes in lost.items()]
+    return found
 
 
 def _narrowed(text: str, sizes: list[int], claimed: list[int]) -> str:
@@ -350,4 +447,5 @@ def _narrowed(text: str, sizes: list[int], claimed: list[int]) -> str:
     return head + text[text.index(">"):]
 
 
-__all__ = ["msccl_step", "realize_step", "synth_step", "tune_step"]
+__all__ = ["msccl_step", "realize_step", "schedule_files", "synth_step", "synthesis_unit", "tune_step",
+           "variant_mismatch", "variant_resolver"]

@@ -13,7 +13,10 @@ filtering. Where a real cluster would act, this harness plays the part explicitl
 * Garbage collector: objects whose every owner is gone (or in another namespace) are deleted
   (background propagation).
 * Kubelet + Job controller: a Job's container command runs as a local process; its exit code sets
-  the Job's status (Complete/Failed), or a test makes the "node" fail it with a reason.
+  the Job's status (Complete/Failed), or a test makes the "node" fail it with a reason. An
+  Indexed Job (completionMode Indexed) runs one process per index with JOB_COMPLETION_INDEX set,
+  in reverse index order, each retried up to backoffLimitPerIndex times; its status keeps
+  completedIndexes/failedIndexes, and it fails with reason FailedIndexes as batch/v1 does.
 * kubelet for agents: the agent DaemonSet's pods are not scheduled; tests start agent processes.
 
 Every request is recorded (identity, method, path, verb) for the Helm chart's RBAC test.
@@ -78,6 +81,15 @@ def _verb(method: str, name: str | None, params: dict[str, str]) -> str:
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cpu_share() -> float:
+    """The share of a core a process can expect now: 1 on an idle machine, cores/load under load."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return min(1.0, (os.cpu_count() or 1) / max(load, 1e-9))
 
 
 class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
@@ -405,13 +417,19 @@ class Cluster:
             _check(resp)
 
     def wait(self, what: str, fn: Callable[[], Any], timeout: float = 60, every: float = 0.2) -> Any:
-        deadline = time.monotonic() + timeout
+        """Poll `fn` until it returns something true. `timeout` is a hang guard in seconds of
+        machine time: a second counts at the share of a core the machine leaves us (`cpu_share`),
+        so a loaded machine (the suite beside `stress`) gets longer before a wait fails."""
+        spent, last = 0.0, time.monotonic()
         while True:
             value = fn()
             if value:
                 return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            now = time.monotonic()
+            spent += (now - last) * cpu_share()
+            last = now
+            if spent > timeout:
+                raise AssertionError(f"timed out after {timeout}s of machine time waiting for {what}")
             time.sleep(every)
 
     def api_log(self) -> builtins.list[dict[str, Any]]:
@@ -426,6 +444,8 @@ class Kubelet:
         self.cluster = cluster
         self.hold = False  # tests hold Jobs pending to act "mid-plan"
         self.fail_with: tuple[str, str] | None = None  # (reason, message) the "node" fails Jobs with
+        self.fail_indexes: set[int] = set()  # Indexed Jobs: indexes whose pods the "node" kills
+        self.index_runs: dict[str, list[int]] = {}  # Indexed Job -> indexes in the order run
         self.started: list[str] = []
         self._tasks: set[asyncio.Task[None]] = set()
         # Benchmark runs: env for the stand-ins (e.g. CCLTUNE_STANDIN_CLUSTER), started runs, their
@@ -433,6 +453,7 @@ class Kubelet:
         self.standin_env: dict[str, str] = {}
         self.benchmarks: list[str] = []
         self.processes: dict[str, asyncio.subprocess.Process] = {}
+        self.image_files: dict[str, Path] = {}  # a path in an image -> the local file playing it
         self.expired: set[str] = set()
 
     async def run(self) -> None:
@@ -462,18 +483,48 @@ class Kubelet:
             reason, message = self.fail_with
             await self._finish(client, path, ok=False, reason=reason, message=message)
             return
+        if job["spec"].get("completionMode") == "Indexed":
+            await self._run_indexed(client, path, name, job)
+            return
+        code = await self._run_pod(name, job, {})
+        await self._finish(client, path, ok=code == 0, reason="BackoffLimitExceeded",
+                           message=f"Job has reached the specified backoff limit (exit code {code})")
+
+    async def _run_pod(self, name: str, job: dict[str, Any], extra_env: dict[str, str]) -> int:
         container = job["spec"]["template"]["spec"]["containers"][0]
         argv = list(container.get("command") or []) + list(container.get("args") or [])
         if argv and argv[0] == "python":
             argv[0] = sys.executable
-        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig("plan-job"))}
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig("plan-job")), **extra_env}
         env.pop("KUBERNETES_SERVICE_HOST", None)
-        log = open(self.cluster.workdir / f"job-{name}.log", "wb")  # noqa: SIM115
-        proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-        code = await proc.wait()
-        log.close()
-        await self._finish(client, path, ok=code == 0, reason="BackoffLimitExceeded",
-                           message=f"Job has reached the specified backoff limit (exit code {code})")
+        suffix = f"-{extra_env['JOB_COMPLETION_INDEX']}" if extra_env else ""
+        with open(self.cluster.workdir / f"job-{name}{suffix}.log", "ab") as log:
+            proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+            return await proc.wait()
+
+    async def _run_indexed(self, client: httpx.AsyncClient, path: str, name: str, job: dict[str, Any]) -> None:
+        """Every index's pod, last index first (so completion order differs from index order)."""
+        spec = job["spec"]
+        retries = int(spec.get("backoffLimitPerIndex", 0))
+        done: list[int] = []
+        failed: list[int] = []
+        runs = self.index_runs.setdefault(name, [])
+        for index in reversed(range(int(spec["completions"]))):
+            for _attempt in range(retries + 1):
+                runs.append(index)
+                killed = index in self.fail_indexes
+                code = 137 if killed else await self._run_pod(name, job, {"JOB_COMPLETION_INDEX": str(index)})
+                if code == 0:
+                    break
+            (done if code == 0 else failed).append(index)
+            status = {"completedIndexes": _index_list(done), "succeeded": len(done), "failed": len(failed),
+                      **({"failedIndexes": _index_list(failed)} if failed else {})}
+            await client.patch(path, json={"status": status}, headers={"Content-Type": "application/merge-patch+json"})
+        cond = ({"type": "Failed", "status": "True", "reason": "FailedIndexes", "message": "Job has failed indexes",
+                 "lastTransitionTime": _now()} if failed else
+                {"type": "Complete", "status": "True", "lastTransitionTime": _now()})
+        await client.patch(path, json={"status": {"active": 0, "conditions": [cond]}},
+                           headers={"Content-Type": "application/merge-patch+json"})
 
     async def _run_benchmark(self, client: httpx.AsyncClient, ns: str, name: str, obj: dict[str, Any]) -> None:
         """Plays the MPI operator (MPIJob -> launcher pod, kubeflow.org/v2beta1 conditions) or the Job
@@ -504,7 +555,11 @@ class Kubelet:
                "spec": {"containers": [container]}, "status": {"phase": "Running"}}
         await client.post(_collection("v1", "pods", ns), json=pod)
         self.benchmarks.append(f"{ns}/{name}")
-        env = {**os.environ, **self.standin_env,
+        # The ranks run in the workers (MPIJob) or the Job's pod: their volumes and init containers.
+        ranks = obj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"] if mpi else template["spec"]
+        mounts = await self._pod_volumes(ranks, name)
+        container_env = {e["name"]: _mapped(e.get("value", ""), mounts) for e in container.get("env") or []}
+        env = {**os.environ, **container_env, **self.standin_env,
                "PATH": f"{STANDIN}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
         proc = await asyncio.create_subprocess_exec(*container["command"], *container.get("args", []), env=env,
                                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -526,6 +581,23 @@ class Kubelet:
         else:
             await self._finish(client, path, ok=code == 0, reason="BackoffLimitExceeded",
                                message=f"Job has reached the specified backoff limit (exit code {code})")
+
+    async def _pod_volumes(self, pod: dict[str, Any], run: str) -> dict[str, Path]:
+        """Plays the kubelet for a pod's emptyDir volumes (a local directory each) and init
+        containers (their command run with mounted paths and image files mapped to local ones).
+        Returns mount path -> local directory."""
+        dirs = {}
+        for vol in pod.get("volumes") or []:
+            if "emptyDir" in vol:
+                dirs[vol["name"]] = self.cluster.workdir / f"{run}-{vol['name']}"
+                dirs[vol["name"]].mkdir(exist_ok=True)
+        mounts = {m["mountPath"]: dirs[m["name"]] for c in [*pod.get("initContainers", []), *pod["containers"]]
+                  for m in c.get("volumeMounts") or [] if m["name"] in dirs}
+        for init in pod.get("initContainers") or []:
+            argv = [str(self.image_files.get(a, _mapped(a, mounts))) for a in init["command"]]
+            proc = await asyncio.create_subprocess_exec(*argv)
+            assert await proc.wait() == 0, f"init container {init['name']} failed: {argv}"
+        return mounts
 
     def expire(self, ns: str, name: str) -> None:
         """The run's activeDeadlineSeconds passed: its controller kills the pods and marks it
@@ -549,6 +621,14 @@ class Kubelet:
                  "lastTransitionTime": _now()})
         status = {"active": 0, "succeeded" if ok else "failed": 1, "conditions": [cond]}
         await client.patch(path, json={"status": status}, headers={"Content-Type": "application/merge-patch+json"})
+
+
+def _mapped(value: str, mounts: dict[str, Path]) -> str:
+    """A path inside a pod -> the local path the harness mounted there (other values as they are)."""
+    for mount, local in mounts.items():
+        if value == mount or value.startswith(mount.rstrip("/") + "/"):
+            return str(local) + value[len(mount.rstrip("/")):]
+    return value
 
 
 class Process:
@@ -613,6 +693,17 @@ def _descendants(root: int) -> list[int]:
         out = kids + out
         frontier = kids
     return out
+
+
+def _index_list(indexes: list[int]) -> str:
+    """The Job status' index list: sorted, runs of three or more collapsed ('0,2-4')."""
+    runs: list[list[int]] = []
+    for i in sorted(indexes):
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ",".join(map(str, r)) for r in runs)
 
 
 def free_port() -> int:

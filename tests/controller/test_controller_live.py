@@ -1,13 +1,16 @@
 """profiler: live end to end on KMock: the operator benchmarks the target nodes (an MPIJob across
-2 nodes, played by the harness with the stand-in nccl-tests of tests/controller/standin, whose
-times come from ccltune's simulator), stores the measured profile per node shape, tunes on it and
-says the numbers are measured. Without the MPIJob CRD it names the missing piece; a hung run is
-deleted and its points are missing."""
+2 nodes, a Job with -g 8 on one, played by the harness with the stand-in nccl-tests of
+tests/controller/standin, whose times come from ccltune's simulator), stores the measured profile
+per node shape, tunes on it and says the numbers are measured. The configurations are measured in
+trial mode: the harness copies the real libccltune-tuner.so into the rank pods the way their init
+container does, and the stand-in drives it through NCCL's tuner ABI on every call. Without the
+MPIJob CRD the operator names the missing piece; a hung run is deleted and its points are missing."""
 
 from __future__ import annotations
 
 import csv
 import io
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +22,20 @@ from test_controller_e2e import GV, OPERATOR_NS, condition, wait_condition
 
 from ccltune.api.nodetopology import NodeTopology
 from ccltune.controller.benchmark import LABEL_SHAPE, MPI_GROUP_VERSION
+from ccltune.controller.webhook import IMAGE_PLUGIN
 from ccltune.topology.from_nodes import from_nodes
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugin"))
+from tuner_plugin_abi import build
 
 pytestmark = pytest.mark.slow
 NS = "live"
 
 
-def live_tuning(name: str, image: str = "registry.example/nccl-tests:2.30", **tuning: Any) -> dict[str, Any]:
+def live_tuning(name: str, image: str = "registry.example/nccl-tests:2.30", nodes: dict[str, Any] | None = None,
+                **tuning: Any) -> dict[str, Any]:
     return {"apiVersion": GV, "kind": "CCLTuning", "metadata": {"name": name, "namespace": NS}, "spec": {
-        "selector": {"matchLabels": {"app": name}},
+        "selector": {"matchLabels": {"app": name}}, **({"nodes": nodes} if nodes else {}),
         "collectives": [{"op": "allreduce", "minBytes": "64K", "maxBytes": "256K"}],
         "tuning": {"enabled": True, "profiler": "live", "budget": 8, "benchmarkImage": image,
                    "trialTimeoutSeconds": 60, **tuning}}}
@@ -42,6 +50,9 @@ def standin(cluster: Cluster, agents: Any, tmp_path_factory: pytest.TempPathFact
     path = tmp_path_factory.mktemp("standin") / "cluster.yaml"
     path.write_text(yaml.safe_dump(from_nodes(reports, labels, name="standin").wire()))
     cluster.kubelet.standin_env["CCLTUNE_STANDIN_CLUSTER"] = str(path)
+    so, shim = build(tmp_path_factory.mktemp("plugin"))
+    cluster.kubelet.image_files[IMAGE_PLUGIN] = so  # what the ccltune image holds there
+    cluster.kubelet.standin_env["CCLTUNE_STANDIN_LOGSHIM"] = str(shim)
     return path
 
 
@@ -85,6 +96,9 @@ def test_live_tuning_measures_stores_and_reuses(cluster: Cluster, operator: Oper
     (cm,) = profiles(cluster)
     assert cm["data"]["source"] == "measured"
     assert cm["metadata"]["annotations"]["ccltune.io/measured-by"] == f"MPIJob {OPERATOR_NS}/{run}"
+    # NCCL's default in one launch, the 8 configurations in one more (trial mode, -N 8).
+    assert cm["metadata"]["annotations"]["ccltune.io/launches"] == "2 launch(es) for 8 configuration(s) and NCCL's default"
+    assert any("2 launch(es) for 8 configuration(s)" in v for v in published)
     rows = list(csv.DictReader(io.StringIO(cm["data"]["all_reduce_perf.csv"])))
     assert rows and all(float(r["latency_us"]) > 0 for r in rows)
     assert {r["ranks"] for r in rows} == {"16"} and {r["nodes"] for r in rows} == {"2"}
@@ -132,3 +146,52 @@ def test_hung_benchmark_is_deleted_and_its_points_missing(cluster: Cluster, oper
     hung_rows = [r for r in rows if r["protocol"] == "LL128"]
     # The hung launch printed its first size before hanging: that point is kept.
     assert any(r["latency_us"] != "timeout" for r in hung_rows) and any(r["latency_us"] == "timeout" for r in hung_rows)
+
+
+def test_one_node_runs_a_job_with_all_gpus_end_to_end(cluster: Cluster, operator: Operator, standin: Path) -> None:
+    for cm in profiles(cluster):  # another shape anyway; start from none
+        cluster.delete("v1", "configmaps", cm["metadata"]["name"], OPERATOR_NS)
+    started = len(cluster.kubelet.benchmarks)
+    cluster.create(live_tuning("single", nodes={"names": ["gpu-1"]}))
+    wait_condition(cluster, operator, NS, "single", "Ready", "True", timeout=240)
+    (run,) = cluster.kubelet.benchmarks[started:]
+    ns, name = run.split("/")
+    status = cluster.get(GV, "ccltunings", "single", NS)["status"]  # type: ignore[index]
+    assert status["measurement"]["job"] == f"Job {ns}/{name}" and status["measurement"]["missingPoints"] == 0
+    assert {r["source"] for r in status["results"]} == {"measured"}
+    (cm,) = profiles(cluster)
+    rows = list(csv.DictReader(io.StringIO(cm["data"]["all_reduce_perf.csv"])))
+    assert len(rows) == 8 * 3 and all(float(r["latency_us"]) > 0 for r in rows)
+    assert {r["ranks"] for r in rows} == {"8"} and {r["nodes"] for r in rows} == {"1"}
+    assert "ccltune.io/launches" in cm["metadata"]["annotations"]
+    assert all(j["metadata"]["name"] != name for j in cluster.list("batch/v1", "jobs", OPERATOR_NS))  # GPUs freed
+    assert mpijobs(cluster) == []
+    cluster.delete(GV, "ccltunings", "single", NS)
+
+
+def test_tp_and_dp_groups_are_measured_as_splits(cluster: Cluster, operator: Operator, standin: Path) -> None:
+    for cm in profiles(cluster):  # a world-only profile of this shape would be reused as is
+        cluster.delete("v1", "configmaps", cm["metadata"]["name"], OPERATOR_NS)
+    body = live_tuning("groups", budget=3)
+    body["spec"]["parallelism"] = {"tp": 8, "dp": 2}
+    body["spec"]["collectives"] = [{"op": "allreduce", "minBytes": "64K", "maxBytes": "128K", "role": role}
+                                   for role in ("tp", "dp")]
+    cluster.create(body)
+    wait_condition(cluster, operator, NS, "groups", "Ready", "True", timeout=240)
+    status = cluster.get(GV, "ccltunings", "groups", NS)["status"]  # type: ignore[index]
+    assert status["measurement"]["missingPoints"] == 0
+    assert {r["source"] for r in status["results"]} == {"measured"}  # both groups, on their own numbers
+    cms = profiles(cluster)  # one per communicator: each reused on its own by later tunings
+    assert sorted(cm["metadata"]["labels"]["ccltune.io/communicator"] for cm in cms) == ["2r2n", "8r1n"]
+    rows = [r for cm in cms for k, v in cm["data"].items() if k.endswith(".csv") for r in csv.DictReader(io.StringIO(v))]
+    assert {(r["ranks"], r["nodes"]) for r in rows} == {("8", "1"), ("2", "2")}
+    assert sum(k.endswith(".log") for cm in cms for k in cm["data"]) == 2  # NCCL's default of each group
+
+    # A later tuning of the world communicator on the same shape measures that one only.
+    started = len(cluster.kubelet.benchmarks)
+    cluster.create(live_tuning("world-after-groups", budget=3))
+    wait_condition(cluster, operator, NS, "world-after-groups", "Ready", "True", timeout=240)
+    assert len(cluster.kubelet.benchmarks) == started + 1
+    assert len(profiles(cluster)) == 3
+    for name in ("groups", "world-after-groups"):
+        cluster.delete(GV, "ccltunings", name, NS)

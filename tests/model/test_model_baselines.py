@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from cost_model_topos import spec_topology, symmetric_topologies
 from hypothesis import HealthCheck, given, settings
@@ -14,13 +16,18 @@ from ccltune.model.nccl.baselines import (
     btree,
     dtree,
     nccl_schedule,
+    nccl_schedule_arrays,
     nvlink_cycles,
     ring_layouts,
     ring_order,
 )
 from ccltune.model.schedule.check import check_schedule
 from ccltune.model.sim.routing import Router
+from ccltune.topology.load import load_cluster
 from ccltune.topology.presets import load_preset
+
+OCI = (Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "nccl-tests"
+       / "oci-a100-2x8-allreduce" / "cluster.yaml")  # fmt: skip
 
 ALL = [(c, a) for c, algos in SUPPORTED.items() for a in algos]
 
@@ -76,6 +83,52 @@ def test_ring_is_rail_aligned_on_dgx() -> None:
         assert not any("spine" in hop for hop in path), path  # stays on its rail
         exits.add(ring[7])
     assert len(exits) >= 4  # channels spread over the node's NICs
+
+
+def _ring_nics(topo, channels: int) -> list[tuple[str, str]]:
+    """Per channel: the NICs its ring leaves node 0 by and enters node 1 by."""
+    router = Router(topo)
+    out = []
+    for ch in range(channels):
+        ring = ring_order(topo, ch)
+        hops = [router.channel_name(c) for c in router.path(ring[7], ring[8], ch)]
+        assert not any("spine" in h for h in hops), hops  # stays on its rail
+        nics = [h.split("->")[0] for h in hops if h.split("->")[0].split("/")[-1].startswith("nic")]
+        out.append((nics[0], nics[1]))
+    return out
+
+
+def test_ring_channels_use_every_nic_of_a_two_nic_gpu() -> None:
+    # OCI BM.GPU4.8: 16 NICs, 4 per PCIe switch with 2 GPUs. NCCL's search gives channel c the
+    # c-th NIC (GPU 0's two, then GPU 1's...), entering at the NIC's GPU, leaving by its partner.
+    topo = load_cluster(str(OCI))
+    nics = _ring_nics(topo, 16)
+    assert [a for a, _ in nics] == [f"node0/nic{c}" for c in range(16)]
+    assert [b for _, b in nics] == [f"node1/nic{c}" for c in range(16)]
+    entries = [ring_order(topo, ch)[0] for ch in range(16)]
+    assert entries == [c // 2 for c in range(16)]  # topo.cc ncclTopoGetLocalGpu
+
+
+def test_ring_channels_on_h100_use_each_nic_once() -> None:
+    topo = load_preset("dgx-h100-2")
+    nics = _ring_nics(topo, 8)
+    assert sorted(a for a, _ in nics) == sorted(f"node0/nic{c}" for c in range(8))
+
+
+def test_tree_heads_spread_over_nics() -> None:
+    # Trees enter and leave a node by one NIC (search.cc: trees are symmetric); the head of
+    # channel c is the GPU of NCCL's c-th NIC and uses it.
+    topo = load_cluster(str(OCI))
+    router = Router(topo)
+    arr = nccl_schedule_arrays("allreduce", "tree", topo, channels=16)
+    used = {}
+    for i in range(len(arr)):
+        s, d, ch = int(arr.src[i]), int(arr.dst[i]), int(arr.channel[i])
+        if s // 8 == 0 and d // 8 == 1:
+            hops = [router.channel_name(c) for c in router.path(s, d, ch)]
+            used.setdefault(ch, set()).add(next(h.split("->")[0] for h in hops
+                                                if "/nic" in h.split("->")[0]))  # fmt: skip
+    assert [sorted(used[ch]) for ch in range(16)] == [[f"node0/nic{c}"] for c in range(16)]
 
 
 def test_cycles_use_direct_links() -> None:

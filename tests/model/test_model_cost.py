@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from ccltune.api.cluster import LinkKind
+from ccltune.model.cost.gpu import LL_OF_SIMPLE, Family, gpu_physics
 from ccltune.model.cost.protocols import (
     LL,
     LL128,
     PROTOCOL_COSTS,
     SIMPLE,
+    STEP_BYTES,
     Arch,
     arch_of,
     canonical_algorithm,
@@ -25,20 +27,42 @@ def test_protocol_costs_from_wire_formats() -> None:
     assert set(PROTOCOL_COSTS) == {"LL", "LL128", "Simple"}
     assert LL.efficiency == 0.5  # 4 data bytes + 4 flag bytes
     assert LL128.efficiency == pytest.approx(120 / 128)
-    assert SIMPLE.efficiency == 1.0 and SIMPLE.channel_cap_gbps is None
-    # Step latency: NCCL's ring hwLat over NVLink.
-    assert (LL.step_latency_us, LL128.step_latency_us, SIMPLE.step_latency_us) == (0.6, 1.9, 3.4)
+    assert SIMPLE.efficiency == 1.0 and SIMPLE.tb_gbps is None
+    # Step cost: NCCL's ring hwLat over NVLink (0.6 / 1.9 / 3.4) beyond LL's, the hop itself.
+    assert (LL.step_latency_us, LL128.step_latency_us, SIMPLE.step_latency_us) == (0.0, 1.3, 2.8)
     assert SIMPLE is PROTOCOL_COSTS["Simple"]
+    # Steps: NCCL's buffers / NCCL_STEPS, payload bytes (init.cc DEFAULT_*BUFFSIZE)
+    assert STEP_BYTES == {"Simple": 512 * 1024, "LL": 32 * 1024, "LL128": 576_000}
 
 
 def test_protocol_cost_variants() -> None:
-    assert protocol_cost("simple", link_kind=LinkKind.PCIE).step_latency_us == 5.7
-    assert protocol_cost("LL", link_kind=LinkKind.NET).step_latency_us == 2.7
-    assert protocol_cost("LL128", arch=Arch.HOPPER).channel_cap_gbps == 36.7
-    assert protocol_cost("LL128", arch=Arch.VOLTA).channel_cap_gbps == 20.0
-    assert protocol_cost("Simple").channel_cap_gbps is None
+    assert protocol_cost("simple", link_kind=LinkKind.PCIE).step_latency_us == pytest.approx(4.7)
+    assert protocol_cost("LL", link_kind=LinkKind.NET).step_latency_us == 0.0
+    assert protocol_cost("Simple", link_kind=LinkKind.NET).step_latency_us == pytest.approx(11.3)
+    assert protocol_cost("Simple").tb_gbps is None  # no GPU given: no threadblock physics
     with pytest.raises(ValueError, match="unknown protocol"):
         protocol_cost("LL64")
+
+
+def test_gpu_physics_per_family() -> None:
+    h100 = protocol_cost("LL128", gpu=gpu_physics("H100-SXM5-80GB"))
+    assert h100.tb_gbps == pytest.approx(36.7 / 2)  # perChMaxRingLL128Bw per 2 threadblocks
+    assert h100.launch_us == 14.0  # baseLat ring/LL128
+    assert h100.nvlink_efficiency == 0.8
+    a100 = gpu_physics("A100-SXM4-80GB")
+    assert a100 is not None and a100.tb("Simple") == 12.5 and a100.tb("LL128") == 10.0
+    assert a100.tb("LL") == pytest.approx(LL_OF_SIMPLE * 12.5)
+    assert protocol_cost("Simple", gpu=a100, algorithm="tree").launch_us == 8.4
+    mi = gpu_physics("AMD Instinct MI300X")
+    assert mi is not None and mi.family == Family.CDNA3 and mi.sms == 304
+    assert mi.tb("Simple") == 10.5 and mi.tb("LL128") == pytest.approx(2.1)
+    assert mi.floor_us["LL128"] == 200.0 and mi.nvlink_efficiency == 1.0
+    assert gpu_physics("") is None and gpu_physics("Radeon VII") is None
+    # LL < LL128 < Simple per threadblock on NVIDIA GPUs; on MI300X both are below Simple
+    for model in ("V100-SXM2-32GB", "A100-SXM4-80GB", "H100-SXM5-80GB"):
+        g = gpu_physics(model)
+        assert g is not None and g.tb("LL") < g.tb("LL128") <= g.tb("Simple")
+    assert max(mi.tb("LL"), mi.tb("LL128")) < mi.tb("Simple")
 
 
 @pytest.mark.parametrize(

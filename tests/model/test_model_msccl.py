@@ -20,7 +20,12 @@ from ccltune.model.formats.msccl.limits import (
     xml_nodes,
 )
 from ccltune.model.formats.msccl.reader import from_msccl_xml
-from ccltune.model.formats.msccl.writer import MscclFormatError, lower_msccl, to_msccl_xml
+from ccltune.model.formats.msccl.writer import (
+    MscclFormatError,
+    MscclLowering,
+    lower_msccl,
+    to_msccl_xml,
+)
 from ccltune.model.schedule.check import ScheduleError, check_schedule
 from ccltune.model.schedule.ir import Schedule, Transfer
 
@@ -40,11 +45,12 @@ def random_copy_schedule(rng: random.Random, coll: Collective, n: int, c: int) -
     root = rng.randrange(n) if coll == Collective.BROADCAST else 0
     s = Schedule("rand", coll, n, c, root=root)
     if coll == Collective.BROADCAST and rng.random() < 0.5:
-        got = {root: None}  # move the whole buffer as one block per hop
+        got: dict[int, int | None] = {root: None}  # the whole buffer as one block per hop
         while len(got) < n:
             h = rng.choice(sorted(got))
             x = rng.choice([r for r in range(n) if r not in got])
-            deps = ((got[h],) if got[h] is not None else ()) + _extra(rng, len(s.transfers))
+            before = got[h]
+            deps = ((before,) if before is not None else ()) + _extra(rng, len(s.transfers))
             got[x] = s.add(Transfer(h, x, 0, c, deps=tuple(sorted(set(deps))),
                                     channel=rng.randrange(2)))  # fmt: skip
         return s
@@ -66,7 +72,8 @@ def random_copy_schedule(rng: random.Random, coll: Collective, n: int, c: int) -
         missing = sorted(targets[k] - set(have))
         others = [r for r in range(n) if r not in have]
         x = rng.choice(missing) if rng.random() < 0.7 or len(have) > 3 else rng.choice(others)
-        deps = ((have[h],) if have[h] is not None else ()) + _extra(rng, len(s.transfers))
+        came = have[h]
+        deps = ((came,) if came is not None else ()) + _extra(rng, len(s.transfers))
         have[x] = s.add(Transfer(h, x, k, deps=tuple(sorted(set(deps))), channel=rng.randrange(2)))
         todo = [k for k in holders if not targets[k] <= set(holders[k])]
     return s
@@ -321,14 +328,17 @@ def _two_rank_stream(c: int) -> Schedule:
 
 
 def test_export_enforces_executor_step_limit() -> None:
-    # 31 sends + 31 receives + 1 copy: 63 steps in the one threadblock fit the executor's 64 ...
-    low = lower_msccl(_two_rank_stream(31))
+    # The send and receive streams are independent: each gets a threadblock of its own ...
+    assert (lower_msccl(_two_rank_stream(31)).threadblocks) == 2
+    # ... unless the budget is one: 31 sends + 31 receives + 1 copy, 63 steps, fit the 64 ...
+    low = lower_msccl(_two_rank_stream(31), max_threadblocks=1)
     assert (low.max_steps, low.threadblocks) == (63, 1)
-    to_msccl_xml(_two_rank_stream(31), name="x", proto="Simple")
+    to_msccl_xml(_two_rank_stream(31), name="x", proto="Simple", max_threadblocks=1)
     # ... 65 do not (MSCCL_MAX_NUM_STEPS defaults to 64), unless the executor is built for more
     with pytest.raises(MscclFormatError, match="needs 65 steps; the executor allows 64"):
-        to_msccl_xml(_two_rank_stream(32), name="x", proto="Simple")
-    to_msccl_xml(_two_rank_stream(32), name="x", proto="Simple", max_steps=256)
+        to_msccl_xml(_two_rank_stream(32), name="x", proto="Simple", max_threadblocks=1)
+    to_msccl_xml(_two_rank_stream(32), name="x", proto="Simple", max_steps=256,
+                 max_threadblocks=1)  # fmt: skip
 
 
 def test_export_enforces_the_threadblock_budget() -> None:
@@ -390,7 +400,7 @@ GOOD = to_msccl_xml(ring_allgather(3), name="ring3", proto="Simple")
         (lambda x: x.replace('<gpu id="2"', '<gpu id="1"'), "id is duplicated"),
     ],
 )
-def test_import_errors_name_the_element(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_import_errors_name_the_element(mutate, message: str) -> None:
     with pytest.raises(MscclFormatError, match=message):
         from_msccl_xml(mutate(GOOD))
 
@@ -533,3 +543,70 @@ def test_first_selected_covers_every_size_a_framework_calls() -> None:
     assert first_selected(Collective.ALLREDUCE, 12, 12, 1024) is None
     assert size_multiplier(Collective.REDUCESCATTER, 8) == 8
     assert size_multiplier(Collective.BROADCAST, 8) == 1
+
+
+def _relay_and_chains(c: int) -> Schedule:
+    """3-rank allgather, c chunks per rank sent one at a time: gpu 0 relays gpu 1's chunks to
+    gpu 2 (each forward depends on its receive) and sends its own to gpu 2 on channel 1."""
+    s = Schedule("relay", Collective.ALLGATHER, 3, c)
+
+    def chain(src: int, dst: int, owner: int, chan: int = 0) -> list[int]:
+        got: list[int] = []
+        for j in range(c):
+            deps = (got[-1],) if got else ()
+            got.append(s.add(Transfer(src, dst, owner * c + j, deps=deps, channel=chan)))
+        return got
+
+    for j, t in enumerate(chain(1, 0, 1)):
+        s.add(Transfer(0, 2, c + j, deps=(t,)))
+    chain(0, 1, 0)
+    chain(0, 2, 0, chan=1)
+    chain(2, 0, 2)
+    chain(2, 1, 2)
+    return s
+
+
+def _tbs(low: MscclLowering, rank: int) -> list[tuple[int, int, int]]:
+    return sorted(low.tb_meta[rank])
+
+
+def test_independent_streams_keep_their_threadblocks() -> None:
+    # gpu 0: sends to 1, forwards to 2, sends to 2 on channel 1; receives from 1 and from 2.
+    # Only the receive from 1 and the sends forwarding it are ordered by dependencies: that
+    # pair shares a threadblock (it adds no wait, as msccl-tools' fused rcs); the rest stay apart.
+    s = _relay_and_chains(4)
+    low = lower_msccl(s)
+    assert _tbs(low, 0) == [(-1, 2, 0), (1, -1, 0), (2, -1, 1), (2, 1, 0)]
+    # Over budget, the fewest pairs that wait are merged: one more, the only one left on chan 0.
+    low3 = lower_msccl(s, max_threadblocks=3)
+    assert _tbs(low3, 0) == [(1, 2, 0), (2, -1, 1), (2, 1, 0)]
+    assert low3.threadblocks == 3
+    # The channel-1 send has no receive to pair with: 3 is the least gpu 0 can have.
+    with pytest.raises(MscclFormatError, match="gpu 0 needs 3 threadblocks; the limit is 2"):
+        lower_msccl(s, max_threadblocks=2)
+    for low_ in (low, low3):  # both are files the executor runs and that compute the collective
+        xml = low_.render(name="relay", proto="Simple")
+        check_schedule(from_msccl_xml(xml))
+
+
+def test_merged_threadblock_waits_only_for_what_it_needs() -> None:
+    # The free pair's sends each come after exactly the receives they forward.
+    low = lower_msccl(_relay_and_chains(4))
+    tb = low.tb_meta[0].index((2, 1, 0))
+    kinds = [step.type for _, step, _ in low.items_of[0][tb] if step is not None]
+    assert kinds == ["r", "s"] * 4
+
+
+def test_transfers_ready_together_become_one_step() -> None:
+    # Each gpu sends its 4 chunks to the other one transfer at a time, none waiting for another:
+    # one step of cnt 4 each way (the executor moves them in one go) ...
+    s = Schedule("swap", Collective.ALLGATHER, 2, 4)
+    for k in range(8):
+        s.add(Transfer(k // 4, 1 - k // 4, k))
+    algo = ET.fromstring(to_msccl_xml(s, name="swap", proto="Simple"))
+    moves = [(st.get("type"), st.get("cnt")) for st in algo.iter("step")
+             if st.get("type") in ("s", "r")]  # fmt: skip
+    assert Counter(moves) == {("s", "4"): 2, ("r", "4"): 2}
+    check_schedule(from_msccl_xml(ET.tostring(algo, encoding="unicode")))
+    # ... but a chain (each waits for the previous) keeps a step per transfer
+    assert lower_msccl(_two_rank_stream(4)).max_steps == 5

@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 from cost_model_topos import spec_topology
 
-from ccltune.api.common import Source
+from ccltune.api.common import Collective, Source
 from ccltune.model.cost.busbw import busbw_gbps
 from ccltune.model.cost.protocols import Arch, ll_max_bw
 from ccltune.model.nccl.default import (
     default_estimate,
     nccl_default,
     nccl_graph,
+    nccl_protocol_cost,
+    nccl_step_bytes,
     predicted_time_us,
     simulation_shape,
     tree_ll128_chunk,
@@ -30,9 +32,11 @@ def two_nodes() -> object:
 
 def test_graph_model(dgx) -> None:
     g = nccl_graph(dgx)
-    # 300 GB/s per GPU: speed 40 (highest of the Ampere array that fits) x 7 channels, then
-    # NCCL duplicates channels of >= 25 GB/s: 14 channels x 20 GB/s.
-    assert g.speed_gbps == 20.0 and g.channels == 14
+    # 300 GB/s of NVLink per GPU, booked at NCCL's nominal 240 (20 per 25 GB/s lane): speed 40
+    # (highest of the Ampere array that fits) x 6 channels, then NCCL duplicates channels of
+    # >= 25 GB/s: 12 channels x 20 GB/s, and the kernels run 24 (HGX A100 logs: 24 channels).
+    assert g.ring_bw_gbps == pytest.approx(240.0)
+    assert g.speed_gbps == 20.0 and g.channels == 12 and g.comm_channels == 24
     assert g.ll128_ok and g.intra_kind == "nvlink"
 
 
@@ -44,8 +48,8 @@ def test_protocol_moves_from_ll_to_simple_with_size(dgx) -> None:
     assert mid.protocol == "LL128"
     assert (big.algorithm, big.protocol) == ("ring", "Simple")
     # enqueue.cc: tiny messages run on one channel.
-    # connect.cc ncclTopoPostset: the kernels run twice the search's 14 channels.
-    assert small.channels == 1 and big.channels == nccl_graph(dgx).comm_channels == 28
+    # connect.cc ncclTopoPostset: the kernels run twice the search's 12 channels.
+    assert small.channels == 1 and big.channels == nccl_graph(dgx).comm_channels == 24
 
 
 def test_channel_duplication_follows_search_and_postset() -> None:
@@ -79,9 +83,9 @@ def test_no_ll128_without_nvlink_or_on_amd() -> None:
 
 def test_prediction_formula(dgx) -> None:
     g = nccl_graph(dgx)
-    # Ring/Simple allreduce: latency 8.4 + 14 * 3.4; busBw = 14 ch * 20 GB/s; algbw = busBw * 8/14.
+    # Ring/Simple allreduce: latency 8.4 + 14 * 3.4; busBw = 12 ch * 20 GB/s; algbw = busBw * 8/14.
     size = 1 << 28
-    expect = 8.4 + 14 * 3.4 + size / (1000 * 280.0 * 8 / 14)
+    expect = 8.4 + 14 * 3.4 + size / (1000 * 240.0 * 8 / 14)
     assert predicted_time_us("allreduce", "ring", "Simple", size, g) == pytest.approx(expect)
 
 
@@ -142,3 +146,42 @@ def test_ll_bandwidth_cap_is_the_cpu_vendors_across_nodes(two_nodes) -> None:
     # tuning.cc llMaxBws: the GPU row on one node, the CPU row (Intel: 39.0 GB/s at 2 nodes) across.
     assert ll_max_bw(Arch.AMPERE, 1) == 87.7 and ll_max_bw(Arch.HOPPER, 1) == 141.0
     assert ll_max_bw(Arch.AMPERE, 2) == 39.0 and ll_max_bw(Arch.AMPERE, 4, "amd") == 19.0
+
+
+def test_ring_simple_steps_follow_nccl_slicing(dgx) -> None:
+    # prims_simple.h: a ring chunk (min of 2 MiB and a channel's share per rank) in 2 slices of at
+    # least 32 KiB: mid sizes pay many small steps, big ones 1 MiB steps.
+    ar = Collective.ALLREDUCE
+    assert nccl_step_bytes(ar, "ring", "Simple", 32 << 20, 24, dgx) == pytest.approx(
+        (32 << 20) / (24 * 8) / 2
+    )
+    assert nccl_step_bytes(ar, "ring", "Simple", 1 << 30, 24, dgx) == 1 << 20
+    assert nccl_step_bytes(ar, "ring", "Simple", 1 << 20, 24, dgx) == 32 * 1024
+    assert nccl_step_bytes(ar, "ring", "LL", 1 << 20, 24, dgx) == 32 * 1024
+    assert nccl_step_bytes(ar, "tree", "LL128", 8 << 20, 8, dgx) == tree_ll128_chunk(8 << 20, 8, 8, 1)
+
+
+def test_threadblocks_bound_nccl(dgx) -> None:
+    """A100: 12.5 GB/s per Simple threadblock; NVLink driven at 80% of 300 GB/s."""
+    run = nccl_default("allreduce", 1 << 30, dgx).choice
+    full = default_estimate("allreduce", 1 << 30, dgx, with_bound=False)
+    assert full.busbw_gbps <= 240.0  # the links bind 24 threadblocks (300 GB/s of them)
+    four = default_estimate("allreduce", 1 << 30, dgx, with_bound=False,
+                            choice=run.model_copy(update={"channels": 4}))  # fmt: skip
+    assert 0.8 * 4 * 12.5 <= four.busbw_gbps <= 4 * 12.5  # 4 threadblocks bind
+    eight = default_estimate("allreduce", 1 << 30, dgx, with_bound=False,
+                             choice=run.model_copy(update={"channels": 8}))  # fmt: skip
+    assert four.time_us / eight.time_us == pytest.approx(2.0, rel=0.05)
+
+
+def test_mid_sizes_pay_per_step_costs(dgx) -> None:
+    # 8 MiB ring/Simple on 24 channels: 43.7 KB chunks in 2 slices each, 2.8 us per slice beyond
+    # the hop: the per-step costs are a large part of the call.
+    run = nccl_default("allreduce", 1 << 30, dgx).choice
+    cost = nccl_protocol_cost(Collective.ALLREDUCE, "ring", "Simple", 8 << 20, 24, dgx)
+    assert cost.step_latency_us == pytest.approx(2.8) and cost.launch_us == 8.4
+    t = default_estimate("allreduce", 8 << 20, dgx, with_bound=False, choice=run).time_us
+    # 14 ring steps, each: 2 slices x 2.8 + the 0.6 us hop + its chunk at a channel's 10 GB/s
+    # share of the NVLink (240 GB/s over 24 channels); plus the launch (baseLat 8.4).
+    chunk = (8 << 20) / (24 * 8)
+    assert t == pytest.approx(8.4 + 14 * (2 * 2.8 + 0.6 + chunk / 10e3), rel=1e-6)

@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 from ccltune.api.cluster import ClusterNode, ClusterTopology, Link
 from ccltune.api.common import Collective, Source
-from ccltune.model.cost.protocols import SIMPLE, ProtocolCost
+from ccltune.model.cost.gpu import gpu_physics
+from ccltune.model.cost.protocols import SIMPLE, ProtocolCost, protocol_cost
 from ccltune.model.schedule.ir import Schedule, ScheduleArrays, Transfer
 from ccltune.model.sim.routing import Router
-from ccltune.model.sim.simulate import SimulationError, simulate
+from ccltune.model.sim.simulate import Engine, SimulationError, simulate
 
 ENGINES = ("heap", "batch")
 
@@ -68,7 +69,7 @@ def ring_allgather(n: int, c: int, serialize: bool) -> Schedule:
     ("n", "c", "serialize"),
     [(2, 1, False), (8, 1, False), (8, 4, False), (5, 3, True), (16, 2, True)],
 )
-def test_ring_matches_closed_form(engine: str, n: int, c: int, serialize: bool) -> None:
+def test_ring_matches_closed_form(engine: Engine, n: int, c: int, serialize: bool) -> None:
     bw, lat, size = 50.0, 1.5, 3 * 2**20
     proto = ProtocolCost("Simple", 0.8, 2.0)
     res = simulate(ring_allgather(n, c, serialize), ring_topo(n, bw, lat), size, proto,
@@ -93,7 +94,7 @@ def test_ring_matches_closed_form(engine: str, n: int, c: int, serialize: bool) 
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_two_flows_on_one_channel_get_half_the_rate_each(engine: str) -> None:
+def test_two_flows_on_one_channel_get_half_the_rate_each(engine: Engine) -> None:
     topo = star_topo(3, bw=100.0, lat=0.5)
     size = 2**20  # allgather on 3 ranks, 1 chunk each: chunk = size/3
     one = Schedule("one", Collective.ALLGATHER, 3, 1, [Transfer(0, 2, 0)])
@@ -111,7 +112,7 @@ def test_two_flows_on_one_channel_get_half_the_rate_each(engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_rate_changes_mid_flow(engine: str) -> None:
+def test_rate_changes_mid_flow(engine: Engine) -> None:
     """A runs alone until B joins the shared channel, then both run at half rate."""
     topo = star_topo(4, bw=1.0, lat=0.0)  # 1 GB/s = 1000 bytes/us
     proto = ProtocolCost("Simple", 1.0, 0.0)
@@ -140,7 +141,7 @@ def test_rate_changes_mid_flow(engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_dependencies_order_transfers(engine: str) -> None:
+def test_dependencies_order_transfers(engine: Engine) -> None:
     topo = star_topo(4)
     s = Schedule("chain", Collective.BROADCAST, 4, 1)
     t0 = s.add(Transfer(0, 1, 0))
@@ -161,7 +162,7 @@ def test_dependencies_order_transfers(engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_zero_transfer_schedule(engine: str) -> None:
+def test_zero_transfer_schedule(engine: Engine) -> None:
     res = simulate(Schedule("none", Collective.ALLREDUCE, 1, 1), star_topo(2), 1024,
                    engine=engine)  # fmt: skip
     assert res.time_us == 0.0 and res.events == 0 and res.busiest == []
@@ -169,19 +170,103 @@ def test_zero_transfer_schedule(engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_channel_cap_limits_one_threadblock(engine: str) -> None:
+def test_threadblock_side_is_shared_by_its_transfers(engine: Engine) -> None:
     topo = star_topo(3, bw=100.0, lat=0.0)
-    capped = ProtocolCost("LL", 0.5, 0.0, channel_cap_gbps=10.0)
+    capped = ProtocolCost("LL", 0.5, 0.0, tb_gbps=10.0)
     s = Schedule("cap", Collective.ALLGATHER, 3, 1, [Transfer(0, 1, 0), Transfer(0, 2, 0)])
+    # without `tb`: one threadblock per (channel, peer), 10 GB/s each; the link gives 50 payload
     res = simulate(s, topo, 3000, capped, engine=engine)  # chunk = 1000 B
-    # each flow is its own threadblock (different dst): 10 GB/s each, link gives 50 payload
     assert res.time_us == pytest.approx(1000 / 10e3)
-    same_tb = Schedule("cap", Collective.ALLGATHER, 3, 1, [Transfer(0, 1, 0), Transfer(0, 1, 2)])
-    res = simulate(same_tb, topo, 3000, capped, engine=engine)
-    assert res.time_us == pytest.approx(2000 / 10e3)  # one threadblock shares its cap
+    assert res.threadblocks == 2
+    # one threadblock (tb 0) sending to both peers: its send side carries both
+    one = ScheduleArrays.from_schedule(s)
+    one.tb = np.zeros(2, dtype=np.int32)
+    res = simulate(one, topo, 3000, capped, engine=engine)
+    assert res.time_us == pytest.approx(2000 / 10e3) and res.threadblocks == 1
+    # two transfers into one receiving threadblock share its receive side
+    into = ScheduleArrays.from_schedule(
+        Schedule("in", Collective.ALLGATHER, 3, 1, [Transfer(1, 0, 1), Transfer(2, 0, 2)]))
+    into.tb = np.zeros(2, dtype=np.int32)
+    assert simulate(into, topo, 3000, capped, engine=engine).time_us == pytest.approx(2000 / 10e3)
     uncapped = ProtocolCost("LL", 0.5, 0.0)
-    res = simulate(same_tb, topo, 3000, uncapped, engine=engine)
+    res = simulate(one, topo, 3000, uncapped, engine=engine)
     assert res.time_us == pytest.approx(2000 / (100e3 * 0.5))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("link_gbps", [50.0, 400.0, 1e6])
+def test_one_simple_threadblock_cannot_beat_its_cap(engine: Engine, link_gbps: float) -> None:
+    topo = star_topo(2, bw=link_gbps, lat=0.0)
+    cost = protocol_cost("Simple", gpu=gpu_physics("A100-SXM4-80GB"))
+    s = Schedule("one", Collective.ALLGATHER, 2, 1, [Transfer(0, 1, 0)])
+    size = 2 * 64 << 20  # 64 MiB moved
+    res = simulate(s, topo, size, cost, engine=engine)
+    assert cost.tb_gbps == 12.5
+    assert res.time_us >= (64 << 20) / (cost.tb_gbps * 1e3)
+
+
+def _instances(k: int) -> ScheduleArrays:
+    """Rank 0 sends 8 chunks to rank 1 over k threadblocks (MSCCL instances), one per chunk % k."""
+    s = Schedule("inst", Collective.ALLGATHER, 2, 8,
+                 [Transfer(0, 1, j, channel=j % k) for j in range(8)])  # fmt: skip
+    return ScheduleArrays.from_schedule(s)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_two_instances_of_a_threadblock_bound_schedule_run_twice_as_fast(engine: Engine) -> None:
+    topo = star_topo(2, bw=1000.0, lat=0.0)
+    cost = ProtocolCost("Simple", 1.0, 0.0, tb_gbps=10.0)
+    r1 = simulate(_instances(1), topo, 1 << 24, cost, engine=engine)
+    r2 = simulate(_instances(2), topo, 1 << 24, cost, engine=engine)
+    one, two = r1.time_us, r2.time_us
+    assert one / two == pytest.approx(2.0, rel=1e-9)
+    assert (r1.threadblocks, r2.threadblocks) == (1, 2)  # SMs per rank
+    # the explicit `tb` array overrides the channel: one threadblock again
+    arr = _instances(2)
+    arr.tb = np.zeros(len(arr), dtype=np.int32)
+    assert simulate(arr, topo, 1 << 24, cost, engine=engine).time_us == pytest.approx(one)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_threadblock_receives_and_sends_at_full_rate(engine: Engine) -> None:
+    """Ring step: each rank's threadblock receives from its left while sending to its right."""
+    topo = star_topo(3, bw=1000.0, lat=0.0)
+    cost = ProtocolCost("Simple", 1.0, 0.0, tb_gbps=10.0)
+    s = Schedule("ring", Collective.ALLGATHER, 3, 1,
+                 [Transfer(r, (r + 1) % 3, r) for r in range(3)])  # fmt: skip
+    res = simulate(s, topo, 3 * 10_000, cost, engine=engine)
+    assert res.time_us == pytest.approx(10_000 / 10e3)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_ll128_below_its_floor_costs_the_floor(engine: Engine) -> None:
+    topo = star_topo(2, bw=64.0, lat=0.5)
+    cost = protocol_cost("LL128", gpu=gpu_physics("MI300X"))
+    assert cost.floor_us == 200.0
+    s = Schedule("one", Collective.ALLGATHER, 2, 1, [Transfer(0, 1, 0)])
+    assert simulate(s, topo, 1024, cost, engine=engine).time_us == 200.0
+    big = simulate(s, topo, 64 << 20, cost, engine=engine).time_us
+    assert big > 200.0  # above the floor the physics decide
+    assert simulate(s, topo, 1024, protocol_cost("Simple", gpu=gpu_physics("MI300X")),
+                    engine=engine).time_us < 50.0  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_steps_launch_and_nvlink_efficiency(engine: Engine) -> None:
+    topo = star_topo(2, bw=100.0, lat=0.25)
+    s = Schedule("one", Collective.ALLGATHER, 2, 1, [Transfer(0, 1, 0)])
+    size = 2 * 5 * (1 << 19)  # the transfer moves 5 Simple steps of 512 KiB
+    cost = ProtocolCost("Simple", 1.0, 2.0, step_bytes=1 << 19, launch_us=7.0,
+                        nvlink_efficiency=0.8)  # fmt: skip
+    res = simulate(s, topo, size, cost, engine=engine)
+    expect = 7.0 + 5 * 2.0 + 2 * 0.25 + 5 * (1 << 19) / (100e3 * 0.8)
+    assert res.time_us == pytest.approx(expect)
+    assert res.start_us[0] == pytest.approx(7.0 + 5 * 2.0 + 0.5)
+    # a PCIe link is driven at its line rate
+    pcie = star_topo(2, bw=100.0, lat=0.25).model_copy(
+        update={"links": [lk.model_copy(update={"kind": "pcie"}) for lk in topo.links]})
+    assert simulate(s, pcie, size, cost, engine=engine).time_us == pytest.approx(
+        expect - 5 * (1 << 19) / (100e3 * 0.8) + 5 * (1 << 19) / 100e3)
 
 
 def test_errors_are_clear() -> None:
@@ -239,7 +324,7 @@ def test_engines_agree_and_respect_causality(
                     latency_us=lat * i) for i in range(5)]
         + [Link(a="sw0", b="sw1", kind="nvlink", bandwidth_gbps=7, latency_us=3 * lat)],
     )  # fmt: skip
-    proto = ProtocolCost("x", 0.9, step, channel_cap_gbps=6.0 if cap else None)
+    proto = ProtocolCost("x", 0.9, step, tb_gbps=6.0 if cap else None)
     router = Router(topo)
     a = simulate(s, topo, size, proto, router, engine="heap")
     b = simulate(ScheduleArrays.from_schedule(s), topo, size, proto, router, engine="batch")

@@ -154,3 +154,27 @@ def test_a_file_range_is_cut_to_the_sizes_its_file_time_won() -> None:
     # the whole range, or sizes that are not one run: unchanged
     assert _narrowed(_ALGO, _SIZES, _SIZES) == _ALGO
     assert _narrowed(_ALGO, _SIZES, [_SIZES[0], _SIZES[2]]) == _ALGO
+
+
+def test_ccltune_tune_compares_two_sides_of_the_same_evaluator_and_ships_no_regression() -> None:
+    """`ccltune tune` (simulated profiler): every printed row's default and pick are recomputed
+    through model/evaluate.py; a pick is never slower than NCCL's default; every row has its bound."""
+    from ccltune.pipeline import judged_tuning
+    from ccltune.tune.tuner import communicator_topology
+
+    topo = load_preset("dgx-h100-2")
+    key = TaskKey(collective="allreduce", min_bytes=1024, max_bytes=1 << 28, ranks=16, nodes=2)
+    result, tasks = judged_tuning([key], topo, searcher="autoccl", profiler="simulated", budget=30)
+    (task,) = tasks
+    sub = communicator_topology(topo, key)
+    assert sub is not None
+    tuned_rows = 0
+    for d, c in zip(task.default_estimates, task.chosen_estimates, strict=True):
+        assert _close(d.time_us, nccl_estimate("allreduce", d.size_bytes, sub).time_us)
+        assert c.time_us <= d.time_us * (1 + REL)
+        assert c.bound_us is not None and c.pct_of_bound is not None and c.pct_of_bound <= 100.0 + 1e-6
+        assert c.choice is not None
+        if c.choice.realized_by != "NCCL default":
+            tuned_rows += 1
+            assert _close(c.time_us, nccl_estimate("allreduce", c.size_bytes, sub, c.choice).time_us)
+    assert result.tasks and tuned_rows <= len(task.chosen_estimates)

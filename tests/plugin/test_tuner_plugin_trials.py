@@ -46,12 +46,14 @@ def test_entries_follow_the_call_count(built, monkeypatch, version) -> None:
         r.close()
 
 
-def test_an_entry_nccl_cannot_run_is_left_to_nccl_and_named(built, monkeypatch) -> None:
-    plugin = _open(built, monkeypatch, "warmup=0;period=1;nvls/simple/16,ring/ll/4")
+def test_an_entry_nccl_cannot_run_is_left_to_nccl_and_named_once_per_size(built, monkeypatch) -> None:
+    plugin = _open(built, monkeypatch, "warmup=0;period=5;nvls/simple/16,ring/ll/4")
     offered = {k: v for k, v in ALL.items() if k[0] != "nvls"}  # NCCL marks NVLS unusable here
-    first = plugin.query("allreduce", 4096, offered)
-    assert first.algorithm is None and first.table == cost_table(offered)
-    assert (WARN, "ccltune trial 0 unusable") in built[1].lines()
+    for size in (4096, 4096, 4096, 8192, 8192):  # entry 0's cycle: two sizes, several calls each
+        got = plugin.query("allreduce", size, offered)
+        assert got.algorithm is None and got.table == cost_table(offered)
+    warns = [line for level, line in built[1].lines() if level == WARN]
+    assert warns == ["ccltune trial 0 unusable at 4096 bytes", "ccltune trial 0 unusable at 8192 bytes"]
     second = plugin.query("allreduce", 4096, offered)
     assert (second.algorithm, second.protocol, second.channels) == ("ring", "ll", 4)
     plugin.close()

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from synth_helpers import make_cluster
 
 from ccltune.api.cluster import ClusterTopology
+from ccltune.model.cost.gpu import gpu_physics
 from ccltune.model.cost.protocols import protocol_cost
 from ccltune.model.nccl.baselines import ring_allgather
 from ccltune.model.sim.routing import Router
@@ -28,7 +29,7 @@ def _schedules(topo: ClusterTopology, coll: str) -> list:
 
 def _agree(topo: ClusterTopology, arr, size: int, proto: str) -> None:
     router = Router(topo)
-    cost = protocol_cost(proto)
+    cost = protocol_cost(proto, gpu=gpu_physics(topo.gpu_model))  # threadblock caps, NVLink
     full = simulate(arr, topo, size, cost, router)
     sym = simulate(arr, topo, size, cost, router, engine="symmetric")
     assert sym.engine == "symmetric", sym.note
@@ -43,8 +44,9 @@ def test_presets_agree_with_full_simulation(preset: str, coll: str) -> None:
     arrs = _schedules(topo, coll)
     assert arrs
     for arr in arrs[:2]:
-        for proto in ("Simple", "LL128"):  # LL128 adds per-threadblock caps
+        for proto in ("Simple", "LL128"):
             _agree(topo, arr, 1 << 24, proto)
+        _agree(topo, arr, 1 << 24, "LL")
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

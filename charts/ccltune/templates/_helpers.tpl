@@ -141,6 +141,8 @@ app.kubernetes.io/component: {{ .component }}
   "job_resources" .Values.jobs.resources
   "job_backoff_limit" .Values.jobs.backoffLimit
   "job_ttl_seconds" .Values.jobs.ttlSecondsAfterFinished
+  "synthesis_max_shards" .Values.jobs.synthesis.maxShards
+  "synthesis_shard_work" .Values.jobs.synthesis.shardWork
   "inprocess_max_gpus" $op.inprocess.maxGpus
   "inprocess_max_synth_gpus" $op.inprocess.maxSynthGpus
   "inprocess_max_trials" $op.inprocess.maxTrials

@@ -157,6 +157,10 @@ class SynthesisOptions(WireModel):
     # no more than NCCL's own choice uses for that collective (docs/synthesis.md). The executor
     # holds at most 32 per channel x 32 channels (msccl_struct.h, device.h).
     max_threadblocks: Annotated[int, Field(ge=1, le=1024)] | None = None
+    # In the cluster: pods of the Indexed Job the tasks' syntheses are spread over (at most one
+    # per task, and the operator's synthesisMaxShards); 1 never shards. Unset: from the
+    # estimated synthesis work (docs/operator.md, "Sharded synthesis").
+    shards: Annotated[int, Field(ge=1, le=64)] | None = None
 
 
 class TuningOptions(WireModel):

@@ -76,6 +76,37 @@ class NodeNcclTopology(WireModel):
     pcie_hidden: bool = False
 
 
+# Per-message cost (us) of a transport between nodes, where a public source gives one. The
+# simulator charges it for every protocol step a transfer between nodes takes (NCCL's net proxy
+# posts one network message per step), on top of the links' latency.
+# - rdma: InfiniBand/RoCE with GPUDirect RDMA, the NIC moves the bytes; the links' latency covers it.
+# - efa: aws-ofi-nccl include/nccl_ofi_param.h (commit 03f3783f), TUNER_NET_COMP_OVERHEAD = 3:
+#   "~2 usec cost in the device and ~1 usec cost to write that completion up to the host stack".
+# socket (NCCL's TCP transport), tcpx and tcpxo (GCP GPUDirect-TCPX/-TCPXO plugins) have no
+# published per-message figure we could cite: a cluster file must give perMessageUs for them.
+PER_MESSAGE_US: dict[str, float] = {"rdma": 0.0, "efa": 3.0}
+
+
+class NetTransport(WireModel):
+    """How NCCL moves bytes between nodes: RDMA NICs, or host-offloaded transports that pay a
+    cost per network message (docs/topology.md)."""
+
+    kind: Literal["rdma", "efa", "socket", "tcpx", "tcpxo"] = "rdma"
+    per_message_us: Annotated[float, Field(ge=0, le=1e4)] | None = None  # None: PER_MESSAGE_US
+
+    @model_validator(mode="after")
+    def _has_cost(self) -> NetTransport:
+        if self.per_message_us is None and self.kind not in PER_MESSAGE_US:
+            raise ValueError(
+                f"perMessageUs is required for transport kind {self.kind!r} (no published default)"
+            )
+        return self
+
+    @property
+    def message_us(self) -> float:
+        return self.per_message_us if self.per_message_us is not None else PER_MESSAGE_US[self.kind]
+
+
 class ClusterTopology(WireModel):
     name: Name
     description: Message = ""
@@ -94,6 +125,8 @@ class ClusterTopology(WireModel):
     # One entry per distinct file, only when built from NodeTopology reports; empty for cluster
     # files and presets, whose PCI bus ids are synthetic.
     nccl_topology: list[NodeNcclTopology] = []
+    # The transport between nodes (per-message costs of host-offloaded ones).
+    transport: NetTransport = NetTransport()
 
     @model_validator(mode="after")
     def _consistent(self) -> ClusterTopology:

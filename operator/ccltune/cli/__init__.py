@@ -38,9 +38,15 @@ def _register() -> None:
         # Every injected pod with packed files runs this first: skip the planning stack's imports.
         unpack.register(app)
         return
-    from . import crds, plan, report, topology
+    if next((a for a in sys.argv[1:] if not a.startswith("-")), None) == "synthesize":
+        # What the user waits for: the plan/tune stacks' imports cost more than a 16-GPU run.
+        from . import synthesize
 
-    for module in (plan, report, topology, crds, unpack):
+        synthesize.register(app)
+        return
+    from . import crds, plan, report, solve_shard, topology
+
+    for module in (plan, report, topology, crds, unpack, solve_shard):
         module.register(app)
     for optional in ("synthesize", "tune"):
         try:

@@ -19,7 +19,7 @@ from ..topology.export import describe
 from ..topology.load import load_cluster
 from ..topology.shape_warnings import shape_warnings
 from ..workload import preflight
-from .common import ccltuning_document, console, size_table, user_errors
+from .common import ccltuning_document, console, fail, size_table, user_errors
 
 
 def plan(
@@ -39,9 +39,14 @@ def plan(
     profiles: Path | None = typer.Option(
         None, "--profiles", help="Tune on measured profiles: a directory of NCCL sweep CSVs and nccl-tests logs."
     ),
+    workers: int = typer.Option(
+        1, "--workers", help="Processes for the tasks' syntheses (one task per process at a time)."
+    ),
 ) -> None:
     """Plan a CCLTuning for a cluster: topology, NCCL settings, schedules and a report."""
     with user_errors():
+        if workers < 1:
+            fail(f"--workers {workers}: give at least 1")
         doc = ccltuning_document(spec_file)
         name = str((doc.get("metadata") or {}).get("name") or spec_file.stem)
         namespace = str((doc.get("metadata") or {}).get("namespace") or namespace)
@@ -56,7 +61,8 @@ def plan(
         _keys, work = preflight(spec, topo)  # a spec that cannot be planned fails before any work
         console.print(f"[bold]work estimate[/] {work.describe()}", highlight=False)
         with console.status("planning...") as status:
-            result = build_plan(spec, topo, name=name, progress=lambda msg: status.update(msg), profiles=profiles)
+            result = build_plan(spec, topo, name=name, progress=lambda msg: status.update(msg),
+                                profiles=profiles, workers=workers)  # fmt: skip
         config_map_name = pointer_name(name, spec.publish.config_map_name)
         manifests = render_configmaps(result, name=config_map_name, namespace=namespace)
         _write(out, result.files, manifests)

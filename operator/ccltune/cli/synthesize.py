@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -10,6 +11,7 @@ from rich.table import Table
 
 from ..api.common import Collective, format_size, parse_size
 from ..api.errors import InputError
+from ..model.formats.msccl.limits import MAX_THREADBLOCKS
 from ..synth.engine import SynthesisResult, synthesize
 from ..topology.load import load_cluster
 from .common import console, fail, size_table, user_errors
@@ -69,6 +71,14 @@ def synthesize_cmd(
         120.0, "--time-budget", help="Seconds; the best found so far is used when it runs out."
     ),
     workers: int = typer.Option(1, "--workers", help="Processes for sub-demand MILPs."),
+    summary: Path | None = typer.Option(
+        None, "--json", help="Also write the per-size results, ranges and files as JSON here."
+    ),
+    max_threadblocks: int | None = typer.Option(
+        None,
+        "--max-threadblocks",
+        help="SM budget: threadblocks per GPU a file may use (default: NCCL's channel count).",
+    ),
 ) -> None:
     """Synthesize schedules per size range (SyCCL) and write MSCCL algorithm files."""
     with user_errors():
@@ -86,6 +96,9 @@ def synthesize_cmd(
             fail("--time-budget must be positive")
         if workers < 1:
             fail("--workers must be >= 1")
+        if max_threadblocks is not None and not 1 <= max_threadblocks <= MAX_THREADBLOCKS:
+            fail(f"--max-threadblocks must be in 1..{MAX_THREADBLOCKS} (msccl-executor-nccl's "
+                 "threadblocks per rank)")  # fmt: skip
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as bar:  # fmt: skip
             task = bar.add_task("sketch search", total=1.0)
@@ -94,12 +107,11 @@ def synthesize_cmd(
                 bar.update(task, description=msg, completed=frac)
 
             res = synthesize(topo, coll, size_list, time_budget_s=budget, workers=workers,
-                             out_dir=out, progress=report)  # fmt: skip
+                             out_dir=out, progress=report,
+                             max_threadblocks=max_threadblocks)  # fmt: skip
     if res.stats is not None:
         st = res.stats
-        console.print(f"sketches: {st.raw} raw -> {st.after_relay_bound} with bounded relays "
-                      f"(both counted by formula, not enumerated) -> {st.kept} enumerated "
-                      "after isomorphism pruning", highlight=False)  # fmt: skip
+        console.print(st.line(), highlight=False)  # every count is of sequences enumerated
     console.print(_table(res))
     for i, rr in enumerate(res.ranges, start=1):
         hi = "inf" if rr.max_bytes == 0 else format_size(rr.max_bytes + 1)
@@ -113,6 +125,27 @@ def synthesize_cmd(
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(f"synthesis took {res.timings.get('total_s', 0):.1f} s; every time above is "
                   "simulated (bound: analytic lower bound)", highlight=False)  # fmt: skip
+    if summary is not None:
+        with user_errors():
+            summary.write_text(json.dumps(summary_of(res), indent=1) + "\n", encoding="utf-8")
+
+
+def summary_of(res: SynthesisResult) -> dict[str, object]:
+    """The table, ranges and notes as data (benchmarks/synthesis.py reads it); times in µs,
+    every one simulated, the bound analytic."""
+    return {
+        "cluster": res.cluster, "collective": res.collective.value, "ranks": res.nranks,
+        "maxThreadblocks": res.max_threadblocks, "budgetExhausted": res.budget_exhausted,
+        "sizes": [{"bytes": s.size_bytes, "chosen": s.chosen, "protocol": s.protocol,
+                   "timeUs": s.estimate.time_us, "ncclUs": s.default.time_us,
+                   "boundUs": s.bound_us, "pctOfBound": s.estimate.pct_of_bound,
+                   "source": str(s.estimate.source)} for s in res.sizes],
+        "ranges": [{"minBytes": r.min_bytes, "maxBytes": r.max_bytes, "kind": r.kind,
+                    "label": r.label, "protocol": r.protocol, "file": r.xml_file,
+                    "threadblocks": r.threadblocks} for r in res.ranges],
+        "notes": res.notes,
+        "timingsS": res.timings,
+    }  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

@@ -5,18 +5,23 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..api.common import format_size
-from ..api.plan import TaskKey
+from ..api.cluster import ClusterTopology
+from ..api.common import format_size, parse_size
+from ..api.plan import Estimate, PlanTask, TaskKey
+from ..model.evaluate import common_bound_us
+from ..pipeline import judged_tuning
+from ..plan_steps import schedule_files, variant_resolver
 from ..topology.load import load_cluster
 from ..tune.keys import parse_collective, parse_size_range
 from ..tune.profilers.replay import FALLBACKS, ReplayProfiler
 from ..tune.searchers import SEARCHERS
-from ..tune.tuner import TaskOutcome, TuningResult, tune_tasks
+from ..tune.tuner import TaskOutcome, TuningResult, communicator_topology, tune_tasks
 from .common import console, fail, size_table, user_errors
 
 
@@ -73,20 +78,26 @@ def tune(
             def step(msg: str, done: int, total: int) -> None:
                 bar.update(job, description=msg, completed=done, total=total)
 
-            result = tune_tasks(
-                keys, topo, searcher=searcher, budget=budget, seed=seed,
-                profiler=profiler if profiles is None else ReplayProfiler.from_dir(
-                    profiles, collective=colls[0], ranks=n_ranks, nodes=n_nodes, fallback=fallback, inplace=inplace,
-                    runtime=runtime),
-                runtime=runtime,
+            options: dict[str, Any] = dict(
+                searcher=searcher, budget=budget, seed=seed, runtime=runtime,
                 nccl_version=nccl_version, size_factor=size_factor, sharp=sharp, progress=step,
                 interference=interference, noise=noise, fallback=fallback, inplace=inplace,
                 collective=colls[0], ranks=n_ranks, nodes=n_nodes,
                 launcher=shlex.split(launcher), bindir=bindir,
             )
+            if profiles is None and profiler == "simulated":
+                # Both sides from the plan's evaluator; the surface only steers the search.
+                result, judged = judged_tuning(keys, topo, profiler="simulated", **options)
+            else:  # both sides measured (or replayed) in the same profile
+                # A winning MSCCL variant msccl:<name> is written with the file of that name beside the profiles.
+                files = variant_resolver(schedule_files(profiles), str(profiles)) if profiles is not None else None
+                result = tune_tasks(keys, topo, profiler=profiler if profiles is None else ReplayProfiler.from_dir(
+                    profiles, collective=colls[0], ranks=n_ranks, nodes=n_nodes, fallback=fallback,
+                    inplace=inplace, runtime=runtime), variant_file=files, **options)
+                judged = [_with_model_bounds(t, topo) for t in result.plan_tasks_by_key()]
         if out is not None:
             _write(out, result)
-    (_print if wide else _print_compact)(result)
+    (_print if wide else _print_compact)(result, judged)
     if out is not None:
         console.print(f"wrote {out}/ (tuner.table, nccl_tuner.conf, nccl.conf, tuning.json)")
 
@@ -94,6 +105,7 @@ def tune(
 def _write(out: Path, result: TuningResult) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, content in result.files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)  # msccl/<file> of a winning variant
         (out / name).write_text(content)
     doc = {
         "searcher": result.searcher, "profiler": result.profiler, "source": str(result.source),
@@ -103,69 +115,127 @@ def _write(out: Path, result: TuningResult) -> None:
     (out / "tuning.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def _tuned_label(t: TaskOutcome) -> str:
-    if t.synthesized is not None:
-        return t.choice().describe()
-    if t.deployed is not None:
-        return f"{t.choice().describe()}/{t.deployed.threads}t"
-    return "NCCL (logged)"
+def _with_model_bounds(task: PlanTask, topo: ClusterTopology) -> PlanTask:
+    """Measured rows with the model's bound beside them (a bound is a model number: a measured
+    busbw above it says the cluster file undersells the hardware, and the table says so)."""
+    sub = communicator_topology(topo, task.key)
+    if sub is None:
+        return task
+
+    def fill(e: Estimate) -> Estimate:
+        b = common_bound_us(task.key.collective, e.size_bytes, sub)
+        return e.model_copy(update={"bound_us": b, "pct_of_bound": 100.0 * b / e.time_us})
+
+    return task.model_copy(update={"default_estimates": [fill(e) for e in task.default_estimates],
+                                   "chosen_estimates": [fill(e) for e in task.chosen_estimates]})  # fmt: skip
 
 
-def _print_compact(result: TuningResult) -> None:
+Row = tuple[TaskOutcome, Estimate, Estimate]  # the bucket, NCCL's default there, what runs there
+
+
+def _rows(result: TuningResult, judged: list[PlanTask]) -> list[Row]:
+    """Each tuned bucket with the numbers to print: the judged task's estimates (one per bucket,
+    in the order tune_tasks produced them)."""
+    by_label = {t.key.label(): t for t in judged}
+    seen: dict[str, int] = {}
+    rows = []
+    for o in result.tasks:
+        label = (o.parent or o.key).label()
+        i = seen.get(label, 0)
+        seen[label] = i + 1
+        task = by_label[label]
+        rows.append((o, task.default_estimates[i], task.chosen_estimates[i]))
+    return rows
+
+
+def _label(o: TaskOutcome, chosen: Estimate) -> str:
+    if o.synthesized is not None:
+        return o.choice().describe()
+    choice = chosen.choice
+    if choice is None or choice.realized_by == "NCCL default":
+        return "NCCL default"
+    if o.deployed is not None:
+        return f"{choice.describe()}/{o.deployed.threads}t"
+    return choice.describe()
+
+
+def _pct(e: Estimate) -> str:
+    return "-" if e.pct_of_bound is None else f"{e.pct_of_bound:.0f}%"
+
+
+def _above_bound(rows: list[Row]) -> list[str]:
+    over = [format_size(c.size_bytes) for _, d, c in rows for e in (d, c)
+            if e.pct_of_bound is not None and e.pct_of_bound > 100.0 + 1e-6]  # fmt: skip
+    if not over:
+        return []
+    return [f"measured faster than the model's bound at {', '.join(sorted(set(over), key=parse_size))}: "
+            "the cluster file undersells this hardware (links or NICs); the bound column is the model's"]  # fmt: skip
+
+
+def _print_compact(result: TuningResult, judged: list[PlanTask]) -> None:
     """80 columns: one table per communicator and collective; NCCL's own choices under --wide."""
     src = str(result.source)
-    console.print(f"[bold]{result.searcher}[/] on {result.profiler}: busbw in GB/s, {src}",
-                  highlight=False)  # fmt: skip
-    groups: dict[tuple[str, str, int, int], list[TaskOutcome]] = {}
-    for t in result.tasks:
-        k = t.key
-        groups.setdefault((str(k.collective), k.role, k.ranks, k.nodes), []).append(t)
-    for (coll, role, ranks, nodes), tasks in groups.items():
+    console.print(f"[bold]{result.searcher}[/] on {result.profiler}: busbw in GB/s, {src}; "
+                  f"both sides timed {_both_sides(result)}", highlight=False)  # fmt: skip
+    groups: dict[tuple[str, str, int, int], list[Row]] = {}
+    rows = _rows(result, judged)
+    for row in rows:
+        k = row[0].key
+        groups.setdefault((str(k.collective), k.role, k.ranks, k.nodes), []).append(row)
+    for (coll, role, ranks, nodes), group in groups.items():
         table = size_table(
             f"{coll} · {role} · {ranks} ranks / {nodes} node(s)",
-            ["size", "choice", "busbw", "NCCL", "vs NCCL", "trials"],
+            ["size", "choice", "busbw", "NCCL", "vs NCCL", "bound", "trials"],
             "choice: algorithm/protocol/channels/threads; busbw of it and of NCCL's default; "
-            "a row runs to the next; --wide: NCCL's choices",
+            "bound: the choice's % of the lower bound; a row runs to the next; --wide: NCCL's choices",
         )
         legend: dict[str, str] = {}  # synthesized schedules' labels are long: tagged, listed below
-        for t in tasks:
-            label = _tuned_label(t)
-            if t.synthesized is not None:
+        for o, d, c in group:
+            label = _label(o, c)
+            if o.synthesized is not None:
                 label = legend.setdefault(label, f"msccl#{len(legend) + 1}")
-            table.add_row(format_size(t.key.min_bytes), label, f"{t.chosen_busbw:.1f}",
-                          f"{t.default_busbw:.1f}", f"{t.speedup:.2f}x", str(t.trials))  # fmt: skip
+            table.add_row(format_size(o.key.min_bytes), label, f"{c.busbw_gbps:.1f}", f"{d.busbw_gbps:.1f}",
+                          f"{d.time_us / c.time_us:.2f}x", _pct(c), str(o.trials))  # fmt: skip
         console.print(table)
         for full, tag in legend.items():
             console.print(f"  {tag} = {full}", highlight=False)
-    _print_settings(result)
+    _print_settings(result, _above_bound(rows))
 
 
-def _print_settings(result: TuningResult) -> None:
+def _both_sides(result: TuningResult) -> str:
+    if result.profiler == "simulated":
+        return "by the event simulator"
+    return f"from the same {result.source} profile"
+
+
+def _print_settings(result: TuningResult, extra: list[str]) -> None:
     for name, value in sorted(result.env.items()):
         console.print(f"  {name}={value}", highlight=False)
-    for note in result.notes:
+    for note in [*result.notes, *extra]:
         console.print(f"[yellow]note:[/] {note}", highlight=False)
 
 
-def _print(result: TuningResult) -> None:
+def _print(result: TuningResult, judged: list[PlanTask]) -> None:
     src = str(result.source)
     shapes = sorted({(t.key.ranks, t.key.nodes) for t in result.tasks})
     shape = ", ".join(f"{r} ranks/{n} nodes" for r, n in shapes)
-    table = Table(title=f"{result.searcher} on {result.profiler} · {shape} · busbw GB/s, {src}")
-    for col in ("task", "sizes", "NCCL default", f"busbw ({src})", "tuned", f"busbw ({src})", "speedup", "trials"):
-        right = col in ("speedup", "trials") or col.startswith("busbw")
+    table = Table(title=f"{result.searcher} on {result.profiler} · {shape} · busbw GB/s, {src}, "
+                        f"both sides timed {_both_sides(result)}")  # fmt: skip
+    for col in ("task", "sizes", "NCCL default", f"busbw ({src})", "tuned", f"busbw ({src})",
+                "% of bound", "speedup", "trials"):  # fmt: skip
+        right = col in ("speedup", "trials", "% of bound") or col.startswith("busbw")
         table.add_column(col, justify="right" if right else "left", no_wrap=col != "tuned")
-    for t in result.tasks:
-        k = t.key
+    rows = _rows(result, judged)
+    for o, d, c in rows:
+        k = o.key
         task = str(k.collective) + ("" if k.role == "world" else f" ({k.role})")
-        default = t.plan_task().default.describe() if t.default else "NCCL (logged)"
-        tuned = _tuned_label(t)
+        default = d.choice.describe() if d.choice else "NCCL (logged)"
         end = k.max_bytes + 1 if (k.max_bytes + 1) & k.max_bytes == 0 else k.max_bytes  # exclusive 2^n end
         sizes = format_size(k.min_bytes) if k.min_bytes == k.max_bytes else f"{format_size(k.min_bytes)}-{format_size(end)}"
-        table.add_row(task, sizes, default,
-                      f"{t.default_busbw:.1f}", tuned, f"{t.chosen_busbw:.1f}", f"{t.speedup:.2f}x", str(t.trials))
+        table.add_row(task, sizes, default, f"{d.busbw_gbps:.1f}", _label(o, c), f"{c.busbw_gbps:.1f}",
+                      _pct(c), f"{d.time_us / c.time_us:.2f}x", str(o.trials))  # fmt: skip
     console.print(table)
-    _print_settings(result)
+    _print_settings(result, _above_bound(rows))
 
 
 def register(app: typer.Typer) -> None:

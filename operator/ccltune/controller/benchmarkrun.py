@@ -1,8 +1,8 @@
 """Measured profiles for a pass: the replay ConfigMap, a stored profile of this node shape, or a
 benchmark run (MPIJob across nodes, Job on one) started, awaited and turned into profiles.
 
-Profiles live in the operator's namespace as one ConfigMap per (node shape, collective), so any
-later CCLTuning on equal nodes reuses them; delete one to measure again. A run past its deadline
+Profiles live in the operator's namespace as one ConfigMap per (node shape, collective,
+communicator), so any later CCLTuning on equal nodes reuses them; delete one to measure again. A run past its deadline
 (its controller's, or ours: creation + benchmarkTimeoutSeconds + benchmarkGraceSeconds) is
 deleted; what it printed before is kept, the rest is stored missing.
 """
@@ -15,7 +15,6 @@ from typing import Any
 
 from ..api.ccltuning import CCLTuningSpec, MeasuredProfile
 from ..api.cluster import ClusterTopology
-from ..api.common import Collective
 from . import benchmark as bench
 from .config import OperatorConfig
 from .kube import ApiError, KubeClient
@@ -65,6 +64,8 @@ def from_configmaps(cms: list[dict[str, Any]], notes: list[str]) -> Profiles:
         if ann.get(bench.ANN_AT):
             times.append(ann[bench.ANN_AT])
         missing += int(ann.get(bench.ANN_MISSING) or 0)
+        name = cm["metadata"]["name"]
+        notes = notes + [f"{name}: {ann[k]}" for k in (bench.ANN_LAUNCHES, bench.ANN_NOTES) if ann.get(k)]
     record = MeasuredProfile(config_map=", ".join(cm["metadata"]["name"] for cm in cms)[:253],
                              job=", ".join(sorted(set(jobs)))[:256] or None,
                              measured_at=max(times) if times else None, missing_points=missing)
@@ -88,18 +89,18 @@ async def measured_profiles(client: KubeClient, cfg: OperatorConfig, body: dict[
     full = bench.plan_trials(spec, cluster)
     if not full.trials:
         return None
-    stored = {c: await client.get("v1", "configmaps", bench.profile_name(full.shape, c), cfg.namespace)
-              for c in full.collectives}  # fmt: skip
-    lacking = {c for c, cm in stored.items() if cm is None}
+    stored = {u: await client.get("v1", "configmaps", bench.profile_name(full.shape, *u), cfg.namespace)
+              for u in full.units}  # fmt: skip
+    lacking = {u for u, cm in stored.items() if cm is None}
     if lacking:
         await _run(client, cfg, body, spec, cluster, lacking)  # raises NotYet until stored
-        stored = {c: await client.get("v1", "configmaps", bench.profile_name(full.shape, c), cfg.namespace)
-                  for c in full.collectives}  # fmt: skip
+        stored = {u: await client.get("v1", "configmaps", bench.profile_name(full.shape, *u), cfg.namespace)
+                  for u in full.units}  # fmt: skip
     return from_configmaps([cm for cm in stored.values() if cm is not None], full.notes)
 
 
 async def _run(client: KubeClient, cfg: OperatorConfig, body: dict[str, Any], spec: CCLTuningSpec,
-               cluster: ClusterTopology, lacking: set[Collective]) -> None:
+               cluster: ClusterTopology, lacking: set[bench.Unit]) -> None:
     meta = body["metadata"]
     plan = bench.plan_trials(spec, cluster, wanted=lacking)
     image = spec.tuning.benchmark_image or cfg.benchmark_image
@@ -123,12 +124,10 @@ async def _run(client: KubeClient, cfg: OperatorConfig, body: dict[str, Any], sp
         except ApiError as exc:
             if exc.status != 409:  # a concurrent pass (another tuning on this shape) started it
                 raise
-        raise NotYet("BenchmarkRunning", f"benchmarking {len(plan.trials)} configuration(s) on "
-                     f"{', '.join(plan.nodes)} in {kind} {ns}/{name}", cfg.job_poll_seconds)
+        raise NotYet("BenchmarkRunning", _running(plan, kind, ns, name), cfg.job_poll_seconds)
     state, why = _state(job, spec, cfg)
     if state == "running":
-        raise NotYet("BenchmarkRunning", f"benchmarking {len(plan.trials)} configuration(s) on "
-                     f"{', '.join(plan.nodes)} in {kind} {ns}/{name}", cfg.job_poll_seconds)
+        raise NotYet("BenchmarkRunning", _running(plan, kind, ns, name), cfg.job_poll_seconds)
     text = await _launcher_log(client, ns, name, multi) or ""
     parsed = bench.parse_run(text, plan, f"{kind} {ns}/{name}")
     if state == "failed" and parsed.measured == 0:
@@ -137,8 +136,8 @@ async def _run(client: KubeClient, cfg: OperatorConfig, body: dict[str, Any], sp
                      "it was deleted, the next pass starts a new run", cfg.retry_seconds * 12)
     outcome = {"succeeded": "succeeded", "timedOut": "timedOut"}.get(state, "failed")
     at = _finished_at(job)
-    for coll in plan.collectives:
-        cm = bench.profile_configmap(plan, coll, parsed, namespace=ns, job=f"{kind} {ns}/{name}", at=at,
+    for unit in plan.units:
+        cm = bench.profile_configmap(plan, unit, parsed, namespace=ns, job=f"{kind} {ns}/{name}", at=at,
                                      outcome=outcome)
         try:
             await client.create("v1", "configmaps", cm, ns)
@@ -146,6 +145,11 @@ async def _run(client: KubeClient, cfg: OperatorConfig, body: dict[str, Any], sp
             if exc.status != 409:
                 raise
     await client.delete(*api, name, ns)  # frees the GPUs now; a hung run is ended here
+
+
+def _running(plan: bench.BenchPlan, kind: str, ns: str, name: str) -> str:
+    return (f"benchmarking {len(plan.trials)} configuration(s) in {len(plan.launches)} launch(es) on "
+            f"{', '.join(plan.nodes)} in {kind} {ns}/{name}")
 
 
 async def _check_can_start(client: KubeClient, cfg: OperatorConfig, spec: CCLTuningSpec, tuning_ns: str,

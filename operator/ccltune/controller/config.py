@@ -79,6 +79,10 @@ class OperatorConfig(BaseModel):
     job_poll_seconds: float = Field(15, gt=0)  # how often a pass re-checks a running plan Job
     job_backoff_limit: int = Field(0, ge=0)
     job_ttl_seconds: int = Field(3600, ge=0)
+    # Sharded synthesis (controller/shardjob.py): at most this many pods per plan, and, when
+    # spec.synthesis.shards is unset, one per this much estimated synthesis work (workload.py).
+    synthesis_max_shards: int = Field(8, ge=1, le=64)
+    synthesis_shard_work: int = Field(100_000, ge=1)
     metrics_port: int = Field(8080, ge=0, le=65535)  # 0 turns the metrics endpoint off
     webhook_port: int = Field(9443, ge=1, le=65535)
     webhook_addr: str = "0.0.0.0"

@@ -12,9 +12,10 @@ import gzip
 import hashlib
 import json
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..api.ccltuning import CCLTuningSpec
 from ..api.cluster import ClusterTopology
@@ -22,6 +23,9 @@ from ..api.common import API_GROUP
 from ..api.plan import Plan
 from ..workload import Workload
 from .config import OperatorConfig
+
+if TYPE_CHECKING:  # the planning stack loads only where a plan runs
+    from ..synth.units import Synthesized
 
 LABEL_INPUT = f"{API_GROUP}/plan-input"
 LABEL_ROLE = f"{API_GROUP}/job-role"
@@ -46,17 +50,19 @@ def plan_input(spec: CCLTuningSpec, cluster: ClusterTopology, *, name: str,
 
 
 def plan_with_profiles(spec: CCLTuningSpec, cluster: ClusterTopology, name: str,
-                       profiles: dict[str, str] | None, note: str | None = None) -> Plan:
+                       profiles: dict[str, str] | None, note: str | None = None,
+                       syntheses: Mapping[int, Synthesized] | None = None) -> Plan:  # fmt: skip
     """build_plan, tuned on the measured profiles when there are any (written to a scratch dir,
-    which is what ccltune plan --profiles reads)."""
+    which is what ccltune plan --profiles reads), with the syntheses shards ran (if any)."""
     from ..pipeline import build_plan
 
     if not profiles:
-        return build_plan(spec, cluster, name=name)
+        return build_plan(spec, cluster, name=name, syntheses=syntheses)
     with tempfile.TemporaryDirectory(prefix="ccltune-profiles-") as tmp:
         for file_name, text in profiles.items():
             (Path(tmp) / Path(file_name).name).write_text(text)
-        return build_plan(spec, cluster, name=name, profiles=Path(tmp), profile_note=note)
+        return build_plan(spec, cluster, name=name, profiles=Path(tmp), profile_note=note,
+                          syntheses=syntheses)  # fmt: skip
 
 
 def input_hash(payload: dict[str, Any], namespace: str) -> str:
@@ -116,25 +122,38 @@ def _labels(names: JobNames, tuning_uid: str, role: str) -> dict[str, str]:
 
 
 def input_configmap(names: JobNames, payload: dict[str, Any], namespace: str, tuning_uid: str) -> dict[str, Any]:
+    return packed_input(names.input, payload, namespace, _labels(names, tuning_uid, "input"))
+
+
+def packed_input(name: str, payload: dict[str, Any], namespace: str, labels: dict[str, str]) -> dict[str, Any]:
     packed = base64.b64encode(gzip.compress(json.dumps(payload).encode(), mtime=0)).decode()
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": names.input, "namespace": namespace,
-                     "labels": _labels(names, tuning_uid, "input")},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "immutable": True,
         "binaryData": {INPUT_KEY + ".gz": packed},
     }
 
 
-def job_manifest(names: JobNames, cfg: OperatorConfig, tuning_uid: str, deadline_s: int) -> dict[str, Any]:
-    labels = _labels(names, tuning_uid, "job")
+def job_manifest(names: JobNames, cfg: OperatorConfig, tuning_uid: str, deadline_s: int,
+                 extra_args: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    args = ["--namespace", cfg.namespace, "--input", names.input, "--output", names.result,
+            "--job", names.job, *(extra_args or [])]  # fmt: skip
+    return batch_job(names.job, _labels(names, tuning_uid, "job"), cfg, deadline_s,
+                     ["python", "-m", PLANJOB_MODULE], args, {"backoffLimit": cfg.job_backoff_limit})  # fmt: skip
+
+
+def batch_job(name: str, labels: dict[str, str], cfg: OperatorConfig, deadline_s: int,
+              command: list[str], args: list[str], spec: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """A Job running the operator's image, non-root, read-only root, /tmp an emptyDir; `spec`
+    adds the Job-level fields (backoff, completion mode)."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": names.job, "namespace": cfg.namespace, "labels": labels},
+        "metadata": {"name": name, "namespace": cfg.namespace, "labels": labels},
         "spec": {
-            "backoffLimit": cfg.job_backoff_limit,
+            **spec,
             "activeDeadlineSeconds": deadline_s,
             "ttlSecondsAfterFinished": cfg.job_ttl_seconds,
             "template": {
@@ -148,9 +167,8 @@ def job_manifest(names: JobNames, cfg: OperatorConfig, tuning_uid: str, deadline
                         "name": "plan",
                         "image": cfg.operator_image,
                         "imagePullPolicy": cfg.image_pull_policy,
-                        "command": ["python", "-m", PLANJOB_MODULE],
-                        "args": ["--namespace", cfg.namespace, "--input", names.input,
-                                 "--output", names.result, "--job", names.job],
+                        "command": command,
+                        "args": args,
                         "resources": cfg.job_resources,
                         "securityContext": {"allowPrivilegeEscalation": False,
                                             "readOnlyRootFilesystem": True,
@@ -175,10 +193,17 @@ def result_configmaps(name: str, plan: Plan | None, namespace: str, job: dict[st
     """The Job's output: the Plan (gzipped JSON) or, when planning failed, the error text.
 
     A plan with synthesized MSCCL files can pass 1 MiB even gzipped (16 GPUs: 38 MB of JSON,
-    1.9 MB gzipped), so the packed plan is cut into RESULT_PART_BYTES pieces: `name` holds the
-    first and the count, `name-1`, `name-2`... the rest. Write them in list order: `name` comes
-    last, so once it exists the whole result does.
+    1.9 MB gzipped), so it is spread over several ConfigMaps (packed_configmaps).
     """
+    text = None if plan is None else plan.model_dump_json(by_alias=True)
+    return packed_configmaps(name, text, namespace, job, error=error or "plan job failed")
+
+
+def packed_configmaps(name: str, text: str | None, namespace: str, job: dict[str, Any] | None,
+                      *, error: str = "job failed") -> list[dict[str, Any]]:  # fmt: skip
+    """`text` gzipped and cut into RESULT_PART_BYTES pieces: `name` holds the first and the
+    count, `name-1`, `name-2`... the rest. Write them in list order: `name` comes last, so once
+    it exists the whole result does. `text` None: `name` holds `error` instead."""
     labels = dict((job or {}).get("metadata", {}).get("labels") or {})
     labels[LABEL_ROLE] = "result"
 
@@ -189,12 +214,10 @@ def result_configmaps(name: str, plan: Plan | None, namespace: str, job: dict[st
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "immutable": True}
 
     main = configmap(name)
-    if plan is None:
-        main["data"] = {ERROR_KEY: (error or "plan job failed")[:4000]}
+    if text is None:
+        main["data"] = {ERROR_KEY: error[:4000]}
         return [main]
-    packed = base64.b64encode(
-        gzip.compress(plan.model_dump_json(by_alias=True).encode(), mtime=0)
-    ).decode()
+    packed = base64.b64encode(gzip.compress(text.encode(), mtime=0)).decode()
     pieces = [packed[i : i + RESULT_PART_BYTES] for i in range(0, len(packed), RESULT_PART_BYTES)]
     rest = []
     for index, piece in enumerate(pieces[1:], start=1):
@@ -214,12 +237,17 @@ def result_part_names(main: dict[str, Any]) -> list[str]:
 
 def read_result(main: dict[str, Any], parts: list[dict[str, Any] | None]) -> Any:
     """The Plan JSON from the result ConfigMaps (`parts` in result_part_names order)."""
+    return json.loads(read_packed(main, parts))
+
+
+def read_packed(main: dict[str, Any], parts: list[dict[str, Any] | None]) -> bytes:
+    """What packed_configmaps packed (`parts` in result_part_names order)."""
     names = result_part_names(main)
     missing = [n for n, cm in zip(names, parts, strict=True) if cm is None]
     if missing:
         raise ValueError(f"result part(s) missing: {', '.join(missing)}")
     pieces = [(cm.get("binaryData") or {}).get(RESULT_KEY, "") for cm in [main, *parts] if cm]
-    return json.loads(gzip.decompress(base64.b64decode("".join(pieces))))
+    return gzip.decompress(base64.b64decode("".join(pieces)))
 
 
 def read_payload(cm: dict[str, Any], key: str) -> Any:

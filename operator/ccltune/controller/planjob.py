@@ -1,10 +1,11 @@
 """The plan Job's command: `python -m ccltune.controller.planjob --namespace NS --input CM
---output CM [--job NAME]`.
+--output CM [--job NAME] [--shard-job NAME --shards N]`.
 
 Reads the plan input (spec, ClusterTopology, name) from the input ConfigMap, runs the same
 `build_plan` as `ccltune plan`, and writes the Plan to the output ConfigMap(s) (owned by the Job; jobs.result_configmaps).
 On a planning error it writes `error.txt` there instead and exits 1, so the operator can put the
-pipeline's own message into the CCLTuning's condition.
+pipeline's own message into the CCLTuning's condition. With `--shard-job` the tasks' syntheses
+come from that Indexed Job's results (shardjob.py); any it cannot read are synthesized here.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from pydantic import ValidationError
 from ..api.ccltuning import CCLTuningSpec
 from ..api.cluster import ClusterTopology
 from ..api.errors import InputError, one_line
+from ..synth.units import Synthesized
 from .jobs import INPUT_KEY, plan_with_profiles, read_payload, result_configmaps
 from .kube import ApiError, KubeClient, connection_from_env
+from .shardjob import ShardNames, read_results
 
 
-async def run(namespace: str, input_cm: str, output_cm: str, job_name: str | None) -> int:
+async def run(namespace: str, input_cm: str, output_cm: str, job_name: str | None,
+              shard_job: str | None = None, shards: int = 0) -> int:  # fmt: skip
     client = KubeClient(connection_from_env())
     try:
         cm = await client.get("v1", "configmaps", input_cm, namespace)
@@ -34,8 +38,10 @@ async def run(namespace: str, input_cm: str, output_cm: str, job_name: str | Non
             payload = read_payload(cm, INPUT_KEY + ".gz")
             spec = CCLTuningSpec.model_validate(payload["spec"])
             cluster = ClusterTopology.model_validate(payload["cluster"])
+            syntheses = await _shard_results(client, shard_job, shards, namespace)
             plan = await asyncio.to_thread(plan_with_profiles, spec, cluster, payload["name"],
-                                           payload.get("profiles"), payload.get("profileNote"))
+                                           payload.get("profiles"), payload.get("profileNote"),
+                                           syntheses)  # fmt: skip
         except ValidationError as exc:
             return await _fail(client, output_cm, namespace, job, f"bad plan input: {one_line(exc)}")
         except InputError as exc:  # the pipeline's error goes to the CCLTuning, not a traceback
@@ -54,6 +60,18 @@ async def run(namespace: str, input_cm: str, output_cm: str, job_name: str | Non
         return 0
     finally:
         await client.aclose()
+
+
+async def _shard_results(client: KubeClient, shard_job: str | None, shards: int,
+                         namespace: str) -> dict[int, Synthesized] | None:  # fmt: skip
+    if not shard_job:
+        return None
+    got = await read_results(client, ShardNames.of_job(shard_job, shards), namespace)
+    if got.merged is None:  # gone (the shard Job's TTL) or broken: synthesized here instead
+        why = got.errors or f"shards {got.missing} missing"
+        print(f"plan-job: results of {namespace}/{shard_job} unreadable ({why}); synthesizing here",
+              file=sys.stderr)  # fmt: skip
+    return got.merged
 
 
 async def _write(client: KubeClient, body: dict, namespace: str) -> None:
@@ -77,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input", required=True, help="input ConfigMap name")
     parser.add_argument("--output", required=True, help="result ConfigMap name")
     parser.add_argument("--job", default=None, help="this Job's name (to own the result)")
+    parser.add_argument("--shard-job", default=None, help="the Indexed Job that ran the syntheses")
+    parser.add_argument("--shards", type=int, default=0, help="its number of indexes")
     args = parser.parse_args(argv)
-    return asyncio.run(run(args.namespace, args.input, args.output, args.job))
+    return asyncio.run(run(args.namespace, args.input, args.output, args.job, args.shard_job,
+                           args.shards))  # fmt: skip
 
 
 if __name__ == "__main__":

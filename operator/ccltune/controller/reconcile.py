@@ -26,7 +26,7 @@ from ..api.errors import InputError, one_line
 from ..api.nodetopology import NodeTopology
 from ..api.plan import Plan
 from ..workload import Workload
-from . import benchmarkrun, daemonset, healing, jobs, logs, metrics, topology
+from . import benchmarkrun, daemonset, healing, jobs, logs, metrics, shardjob, topology
 from .config import OperatorConfig
 from .kube import ApiError, KubeClient
 from .planqueue import PlanQueue
@@ -118,7 +118,7 @@ async def write_status(ctx: Context, body: dict[str, Any], book: StatusBook) -> 
 
 
 _QUIET = {"NotRequested", "WaitingForNodeReports", "Planning", "PlanJobRunning", "ReprobeRequested",
-          "BenchmarkRunning"}
+          "BenchmarkRunning", "SynthesisShardsRunning"}
 _ready_names: set[tuple[str, str]] = set()
 
 
@@ -386,6 +386,7 @@ async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster
     meta = body["metadata"]
     why = jobs.needs_job(spec, cluster, work, ctx.cfg)
     if why is None:
+        sharded = await _sharded(ctx, body, spec, cluster, work, book)
         queue = ctx.queue()
         ahead = queue.ahead(work.units)
         queued = f" (queued: {ahead} plan(s) go first)" if ahead >= queue.slots else ""
@@ -395,7 +396,8 @@ async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster
         try:
             async with queue.slot((meta["namespace"], meta["name"]), work.units):
                 t0 = time.monotonic()
-                plan = await asyncio.to_thread(jobs.plan_with_profiles, spec, cluster, meta["name"], profiles, note)
+                plan = await asyncio.to_thread(jobs.plan_with_profiles, spec, cluster, meta["name"], profiles, note,
+                                               sharded[1] if sharded else None)
         except InputError as exc:
             _plan_failed(book, spec, "InvalidSpec", str(exc))
             raise Stop(str(exc)) from None
@@ -405,12 +407,28 @@ async def _plan(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster
             raise Stop(str(exc)) from None
         metrics.PLAN_SECONDS.labels("operator").observe(time.monotonic() - t0)
         return plan
-    return await _plan_in_job(ctx, body, spec, cluster, book, why, profiles, note)
+    return await _plan_in_job(ctx, body, spec, cluster, book, why, profiles, note, work)
+
+
+async def _sharded(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
+                   work: Workload, book: StatusBook) -> tuple[shardjob.ShardNames, dict[int, Any]] | None:
+    """The syntheses of a sharded plan (its Indexed Job, started if need be); None: not sharded."""
+    meta = body["metadata"]
+    try:
+        return await shardjob.syntheses(ctx.client, ctx.cfg, spec, cluster, work, meta["name"],
+                                        meta["namespace"], meta.get("uid", ""))
+    except shardjob.ShardFailed as exc:
+        _plan_failed(book, spec, "SynthesisShardFailed", str(exc))
+        raise Stop(str(exc)) from None
+    except shardjob.ShardsRunning as exc:
+        book.set("Synthesized", "Unknown", "SynthesisShardsRunning", str(exc))
+        book.set("Ready", "False", "SynthesisShardsRunning", str(exc))
+        raise Stop(str(exc), delay=ctx.cfg.job_poll_seconds) from None
 
 
 async def _plan_in_job(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, cluster: ClusterTopology,
                        book: StatusBook, why: str, profiles: dict[str, str] | None = None,
-                       note: str | None = None) -> Plan:
+                       note: str | None = None, work: Workload | None = None) -> Plan:
     meta = body["metadata"]
     ns, jns = meta["namespace"], ctx.cfg.namespace
     payload = jobs.plan_input(spec, cluster, name=meta["name"], profiles=profiles, profile_note=note)
@@ -436,6 +454,9 @@ async def _plan_in_job(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, 
     job = await ctx.client.get("batch/v1", "jobs", names.job, jns)
     if job is None:
         uid = meta.get("uid", "")
+        # A sharded synthesis runs first (its own Indexed Job); the plan Job reads its results.
+        sharded = await _sharded(ctx, body, spec, cluster, work, book) if work is not None else None
+        shard_args = [] if sharded is None else ["--shard-job", sharded[0].job, "--shards", str(sharded[0].shards)]
         try:
             await ctx.client.create("v1", "configmaps", jobs.input_configmap(names, payload, jns, uid), jns)
         except ApiError as exc:
@@ -443,7 +464,7 @@ async def _plan_in_job(ctx: Context, body: dict[str, Any], spec: CCLTuningSpec, 
                 raise
         deadline = spec.synthesis.time_budget_seconds + 900 if spec.synthesis.enabled else 3600
         try:
-            job = await ctx.client.create("batch/v1", "jobs", jobs.job_manifest(names, ctx.cfg, uid, deadline), jns)
+            job = await ctx.client.create("batch/v1", "jobs", jobs.job_manifest(names, ctx.cfg, uid, deadline, shard_args), jns)
             metrics.JOBS.labels("created").inc()
         except ApiError as exc:
             if exc.status != 409:  # a concurrent pass created it: that one is ours too

@@ -8,6 +8,7 @@ favourable protocol, which bounds every choice.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from ..api.cluster import ClusterTopology
@@ -15,8 +16,19 @@ from ..api.common import Collective, Source
 from ..api.plan import Choice, Estimate
 from .cost.bounds import lower_bound
 from .cost.busbw import algbw_gbps, busbw_gbps
+from .cost.gpu import gpu_physics
 from .cost.protocols import PROTOCOLS, protocol_cost
-from .formats.msccl.reader import from_msccl_xml
+from .formats.msccl.reader import ReadBack, read_msccl
+from .formats.msccl.slicing import (
+    SLICE_BYTES,
+    Slicing,
+    extrapolate,
+    iterations_to_simulate,
+    slicing,
+    structure,
+    unit_size,
+    with_slices,
+)
 from .nccl.baselines import SUPPORTED
 from .nccl.default import default_estimate, nccl_graph
 from .schedule.ir import Schedule, ScheduleArrays
@@ -95,24 +107,48 @@ def msccl_estimate(collective: Collective | str, size_bytes: int, topo: ClusterT
                    *, router: Router | None = None) -> Estimate:  # fmt: skip
     """An MSCCL schedule run with `protocol` (the synthesis engine's own timing call)."""
     g = nccl_graph(topo)
-    cost = protocol_cost(_protocol(protocol), link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)
+    cost = protocol_cost(_protocol(protocol), link_kind=g.intra_kind,
+                         gpu=gpu_physics(topo.gpu_model))  # fmt: skip
     res = simulate(schedule, topo, size_bytes, cost, router, engine="symmetric")
     return timed(collective, size_bytes, topo, res.time_us, choice)
 
 
 @lru_cache(maxsize=64)
-def _read_back(xml_text: str) -> ScheduleArrays:
-    return ScheduleArrays.from_schedule(from_msccl_xml(xml_text))
+def _read_back(xml_text: str) -> ReadBack:
+    return read_msccl(xml_text)
+
+
+@lru_cache(maxsize=16)
+def _structure(xml_text: str, protocol: str, max_allowed_count: int, k: int) -> ScheduleArrays:
+    # what a size changes beyond the bytes (slicing.structure); the bytes are set per call
+    sl = Slicing(protocol, 0.0, SLICE_BYTES[protocol], k, 0.0, max_allowed_count)
+    return structure(_read_back(xml_text), sl, k)
 
 
 def published_estimate(collective: Collective | str, size_bytes: int, topo: ClusterTopology,
                        xml_text: str, choice: Choice | None = None,
                        *, router: Router | None = None) -> Estimate:  # fmt: skip
     """An MSCCL file as published, read back and run as the executor runs it: its threadblocks
-    run their steps in order, which the synthesis engine's schedule does not charge."""
-    sched = _read_back(xml_text)
-    return msccl_estimate(collective, size_bytes, topo, sched, sched.protocol, choice,
-                          router=router)  # fmt: skip
+    run their steps in order, once per slice of every chunk (formats/msccl/slicing.py), which
+    the synthesis engine's schedule does not charge."""
+    rb = _read_back(xml_text)
+    sl = slicing(rb.schedule.protocol, size_bytes, rb.chunks_per_loop, collective)
+    # The executor's kernels run on the GPU's threadblocks like NCCL's (cost/gpu.py); its launch
+    # is charged as NCCL's ring kernel's (baseLat): MSCCL has no latency table of its own.
+    g = nccl_graph(topo)
+    cost = protocol_cost(_protocol(sl.protocol), link_kind=g.intra_kind,
+                         gpu=gpu_physics(topo.gpu_model))  # fmt: skip
+    ks = iterations_to_simulate(sl, len(rb.schedule.transfers))
+    # the protocol's floor bounds the whole call, not the runs it is extrapolated from
+    runs = replace(cost, floor_us=0.0)
+    times = []
+    for k in ks:
+        shape = _structure(xml_text, sl.protocol, sl.max_allowed_count, k)
+        arrays = with_slices(shape, rb, sl)
+        res = simulate(arrays, topo, unit_size(arrays), runs, router, engine="symmetric")
+        times.append(res.time_us)
+    t = max(extrapolate(tuple(times), ks, sl.iterations), cost.floor_us)
+    return timed(collective, size_bytes, topo, t, choice)
 
 
 __all__ = ["EVALUATOR", "TIE", "NotEvaluable", "common_bound_us", "faster", "msccl_estimate",

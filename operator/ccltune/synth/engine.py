@@ -6,7 +6,9 @@
    LP over the sketches' per-port loads gives split ratios (combine.py); the best K are kept;
 3. fine step: the top K's sub-demands solved again with more pieces (shorter epochs);
 4. evaluation: candidate schedules assembled (assemble.py) and simulated at every size with
-   every protocol; per size the best of the candidates and NCCL's default choice (simulated
+   every protocol; at every 4th size (and next to one NCCL won) the engine's best two are
+   timed as the files they would be (lowered, read back and simulated:
+   model/evaluate.published_estimate), and the faster file or NCCL's default choice (simulated
    with the same simulator) wins; equal neighbours merge into size ranges;
 5. output: one MSCCL XML per synthesized range, checked by model.check before it is written.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,11 +37,13 @@ from ..api.common import Collective, Source, format_size
 from ..api.plan import Estimate
 from ..model.cost.bounds import lower_bound
 from ..model.cost.busbw import algbw_gbps, busbw_gbps
+from ..model.cost.gpu import gpu_physics
 from ..model.cost.protocols import protocol_cost
+from ..model.evaluate import published_estimate
 from ..model.formats.msccl.limits import MAX_CHANNELS, MAX_STEPS, first_selected
-from ..model.formats.msccl.writer import MscclFormatError, lower_msccl
+from ..model.formats.msccl.stream import render_lowering, write_lowering
+from ..model.formats.msccl.writer import MscclFormatError, MscclLowering, lower_msccl
 from ..model.nccl.default import default_estimate, nccl_default, nccl_graph
-from ..model.schedule.check import check_schedule
 from ..model.schedule.ir import ScheduleArrays
 from ..model.sim.routing import Router
 from ..model.sim.simulate import simulate
@@ -52,6 +57,7 @@ Progress = Callable[[str, float], None]  # (message, fraction done 0..1)
 
 
 GRID = 4
+FILE_FINALISTS = 2  # per grid size, the engine's best (variant, protocol)s timed as files
 MAX_CHUNKS = 32  # chunks per root in a pipelined variant (transfers grow with it)
 # Above 64 ranks a 512-rank variant holds ~0.26M transfers per chunk of a root.
 MAX_CHUNKS_LARGE = 48
@@ -139,9 +145,12 @@ def synthesize(
     progress: Progress | None = None,
     root: int = 0,
     max_threadblocks: int | None = None,
+    milp_nodes: tuple[int, int] = (COARSE_NODES, FINE_NODES),
 ) -> SynthesisResult:
     """Synthesize `collective` on `topo` for `sizes` (nccl-tests' size convention), with at
-    most `max_threadblocks` threadblocks per GPU (default: NCCL's channel count there)."""
+    most `max_threadblocks` threadblocks per GPU (default: NCCL's channel count there).
+    `milp_nodes`: branch-and-bound nodes per sub-demand MILP, coarse and fine; (0, 0) keeps
+    the greedy patterns (benchmarks/milp_gain.py compares the two)."""
     coll = Collective(collective)
     sizes = sorted({int(s) for s in sizes})
     if not sizes or sizes[0] <= 0:
@@ -168,12 +177,12 @@ def synthesize(
     fab = asm.Fabric(dims)
     sketches, stats = search(dims, relays=True)
     result.stats = stats
-    say(f"{stats.kept} sketches after pruning ({stats.raw} raw, counted by formula)", 0.05)
+    say(stats.line(), 0.05)
 
     # Coarse step.
     t0 = time.perf_counter()
     symmetric = coll != Collective.BROADCAST
-    coarse = _solve(dims, sketches, symmetric, 1, coll, workers, COARSE_NODES)
+    coarse = _solve(dims, sketches, symmetric, 1, coll, workers, milp_nodes[0])
     result.timings["coarse_s"] = time.perf_counter() - t0
     say(f"coarse: {len(coarse)} distinct sub-demands solved", 0.2)
     cands = candidates(fab, coll, sketches, asm.Patterns(coarse), sizes, root=root, top_k=top_k)
@@ -185,7 +194,7 @@ def synthesize(
     kept = sorted({c.sketch for cand in cands for c in cand.columns}, key=str)
     fine: dict[tuple[object, ...], SubSchedule] = {}
     if coll != Collective.ALLTOALL:
-        fine = _solve(dims, kept, symmetric, fine_pieces, coll, workers, FINE_NODES)
+        fine = _solve(dims, kept, symmetric, fine_pieces, coll, workers, milp_nodes[1])
     result.timings["fine_s"] = time.perf_counter() - t1
     solved = {**coarse, **fine}
     result.subschedules = list(solved.values())
@@ -237,6 +246,9 @@ def synthesize(
     arr_of = dict(variants)
     result.schedules = arr_of
     verdict: dict[str, bool] = {}
+    # The lowering that passed, per label: every range's file of that schedule renders from it
+    # (lowering is the writer's costly part, and it does not depend on the protocol or range).
+    lowered: dict[str, MscclLowering] = {}
 
     def verified(label: str) -> bool:
         """Lowered exactly (the writer's threadblocks, steps and nops) only when needed: the
@@ -246,11 +258,12 @@ def synthesize(
             why = ""
             for arr in deals_of[label]:
                 try:
-                    lower_msccl(arr.to_schedule()).require(max_threadblocks=budget)
+                    low = lower_msccl(arr.to_schedule(), max_threadblocks=budget)
+                    low.require(max_threadblocks=budget)
                 except MscclFormatError as exc:
                     why = why or str(exc)
                     continue
-                arr_of[label], verdict[label] = arr, True
+                arr_of[label], verdict[label], lowered[label] = arr, True, low
                 break
             if not verdict[label]:
                 dropped.append(f"{label}: {why}")
@@ -277,9 +290,26 @@ def synthesize(
     def run(arr: ScheduleArrays, size: int, proto: str) -> float:
         key = (id(arr), size, proto)
         if key not in simulated:
-            cost = protocol_cost(proto, link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)
+            cost = protocol_cost(proto, link_kind=g.intra_kind, gpu=gpu_physics(topo.gpu_model))
             simulated[key] = simulate(arr, topo, size, cost, router, engine="symmetric").time_us
         return simulated[key]
+
+    files: dict[tuple[str, str], str] = {}
+
+    def file_us(label: str, proto: str, size: int) -> float:
+        """The variant's file with `proto`, read back and simulated as published (inf: the
+        executor would deadlock on it)."""
+        if (label, proto) not in files:
+            low = lowered.get(label) or lower_msccl(arr_of[label].to_schedule(),
+                                                    max_threadblocks=budget)  # fmt: skip
+            files[(label, proto)] = render_lowering(low, name=label, proto=proto,
+                                                    nchannels=arr_of[label].channels)  # fmt: skip
+        try:
+            return published_estimate(coll, size, topo, files[(label, proto)],
+                                      router=router).time_us  # fmt: skip
+        except MscclFormatError as exc:
+            dropped.append(f"{label}/{proto}: {exc}")
+            return math.inf
 
     keep: list[str] = []
     if len(variants) > 2:
@@ -334,15 +364,31 @@ def synthesize(
         tried = [v for v in tried if runs_at(v)] or [
             (lb, arr_of[lb]) for lb, _ in variants if runs_at((lb, arr_of[lb])) and verified(lb)
         ]
-        best: tuple[float, str, str] | None = None
+        engine_times: list[tuple[float, str, str]] = []
         for label, arr in tried:
             for proto in _protocols(s):
-                if clock.out() and best is not None:
+                if clock.out() and engine_times:
                     result.budget_exhausted = True
                     break
-                t = run(arr, s, proto)
-                if best is None or t < best[0]:
-                    best = (t, label, proto)
+                engine_times.append((run(arr, s, proto), label, proto))
+        # At grid sizes the engine's best few are timed as the files they would be: a file's
+        # threadblocks run their steps in order, once per slice, which the engine's schedule
+        # does not charge. A file adds waits to its schedule, never removes one, so a candidate
+        # whose schedule is already slower than the best file so far is not timed. Between
+        # grid points where files won at both ends the engine's pick among the grid winners
+        # stands; where NCCL won at one end its file is timed too (a 64-rank file costs ~15 s
+        # per size to time; the plan times every row it publishes as a file).
+        best: tuple[float, str, str] | None = None
+        edge = i in grid or any(picks[j].chosen.startswith("nccl:") for j in (lo, hi))
+        if not edge:
+            best = min(engine_times, default=None)
+        timed_here = FILE_FINALISTS if i in grid else 1
+        for t, name, pr in sorted(engine_times)[:timed_here] if edge else ():
+            if best is not None and t >= best[0]:
+                break
+            f = file_us(name, pr, s)
+            if not math.isinf(f) and (best is None or f < best[0]):
+                best = (f, name, pr)
         if best is not None:
             winners[i] = best[1]
         say(f"evaluated {format_size(s)}", 0.5 + 0.45 * (n_done + 1) / len(sizes))
@@ -373,7 +419,8 @@ def synthesize(
             "used (fewer variants or protocols were evaluated at some sizes)"
         )
     t4 = time.perf_counter()
-    result.ranges = _ranges(result.sizes, result.schedules, coll, topo, out_dir, result)
+    result.ranges = _ranges(result.sizes, result.schedules, coll, topo, out_dir, result,
+                            lowered)  # fmt: skip
     result.timings["emit_s"] = time.perf_counter() - t4
     result.timings["total_s"] = time.perf_counter() - clock.start
     say("done", 1.0)
@@ -416,13 +463,26 @@ def _streams(arr: ScheduleArrays, chans: int) -> tuple[np.ndarray, np.ndarray]:
     return tbs.reshape(n, chans).sum(axis=1), floor
 
 
+def _apart(arr: ScheduleArrays, chans: int) -> int:
+    """Threadblocks per GPU on `chans` channels with one per stream (send or receive peer)."""
+    n = arr.nranks
+    chan = arr.channel.astype(np.int64) % chans
+    src, dst = arr.src.astype(np.int64), arr.dst.astype(np.int64)
+    per_rank = np.zeros(n, dtype=np.int64)
+    for me, peer in ((src, dst), (dst, src)):
+        keys = np.unique((me * chans + chan) * n + peer)
+        per_rank += np.bincount(keys // (n * chans), minlength=n)
+    return int(per_rank.max())
+
+
 def _deals(fab: asm.Fabric, arr: ScheduleArrays,
            budget: int) -> tuple[list[ScheduleArrays], str, int]:  # fmt: skip
     """Channel deals of `arr` that may fit `budget` threadblocks per GPU, best first (empty:
     why none can); and the threadblocks it needs with one channel per peer.
 
-    First every peer on the most channels the budget allows (a block keeps its channel modulo
-    that, so a chunk's path stays on one channel id and few steps wait across threadblocks),
+    First the most channels on which every stream keeps a threadblock of its own (no merged
+    send and receive), then every peer on the most channels the budget allows with streams
+    paired (a block keeps its channel modulo that, so a chunk's path stays on one channel id),
     then per-peer channel counts that follow the load (assemble.spread_channels). Threadblocks
     are counted exactly from the arrays, steps per threadblock as a floor (no nops); the exact
     lowering comes later, for the variants that may be used.
@@ -436,6 +496,14 @@ def _deals(fab: asm.Fabric, arr: ScheduleArrays,
         return [], f"needs {need} threadblocks per GPU (one per peer)", least
     out: list[ScheduleArrays] = []
     why = ""
+    # Best first: the most channels on which every stream keeps a threadblock of its own (the
+    # writer merges streams only over budget, and a merged threadblock makes a send wait for
+    # receives it does not need: dgx-h100-2's files ran 3-10x slower, benchmarks/msccl_file_gap).
+    apart = next((c for c in range(chans, 0, -1) if _apart(arr, c) <= budget), 0)
+    if apart and apart != chans:
+        _, floor = _streams(asm.fold_channels(arr, apart), apart)
+        if floor.max() <= MAX_STEPS:
+            out.append(asm.fold_channels(arr, apart))
     for dealt in (asm.fold_channels(arr, chans), spread):
         tbs, floor = _streams(dealt, dealt.channels)
         if tbs.max() > budget:
@@ -528,8 +596,8 @@ def _pick(coll: Collective, s: int, topo: ClusterTopology, default: Estimate,
 
 
 def _ranges(sizes: list[SizeResult], schedules: dict[str, ScheduleArrays], coll: Collective,
-            topo: ClusterTopology, out_dir: Path | str | None,
-            result: SynthesisResult) -> list[RangeResult]:  # fmt: skip
+            topo: ClusterTopology, out_dir: Path | str | None, result: SynthesisResult,
+            lowered: dict[str, MscclLowering] | None = None) -> list[RangeResult]:  # fmt: skip
     groups: list[list[SizeResult]] = []
     for sr in sizes:
         if groups and (groups[-1][-1].chosen, groups[-1][-1].protocol) == (sr.chosen, sr.protocol):
@@ -548,7 +616,8 @@ def _ranges(sizes: list[SizeResult], schedules: dict[str, ScheduleArrays], coll:
         if arr is not None and out_dir is not None:
             try:
                 rr.xml_file = _write_xml(arr, coll, rr, Path(out_dir), topo,
-                                         result.max_threadblocks)  # fmt: skip
+                                         result.max_threadblocks,
+                                         (lowered or {}).get(first.chosen))  # fmt: skip
             except MscclFormatError as exc:
                 # The executor cannot run it (its limits or the SM budget): NCCL instead.
                 rr.kind, rr.xml_file = "nccl", None
@@ -564,10 +633,10 @@ def _ranges(sizes: list[SizeResult], schedules: dict[str, ScheduleArrays], coll:
 
 
 def _write_xml(arr: ScheduleArrays, coll: Collective, rr: RangeResult, out_dir: Path,
-               topo: ClusterTopology, budget: int) -> str:  # fmt: skip
-    sched = arr.to_schedule()
-    sched.protocol = rr.protocol
-    check_schedule(sched)  # never write a file the checker rejects
+               topo: ClusterTopology, budget: int,
+               low: MscclLowering | None = None) -> str:  # fmt: skip
+    """`low`: the schedule's lowering already made (and checked: lower_msccl proves the schedule
+    with check_schedule first, so no file the checker rejects is written)."""
     # From the smallest size simulated in the range (the first range's lower end, 0, was never
     # simulated); evaluation only picked sizes the executor selects, so nothing narrows here.
     lo = max(rr.min_bytes, rr.sizes[0].size_bytes)
@@ -578,15 +647,22 @@ def _write_xml(arr: ScheduleArrays, coll: Collective, rr: RangeResult, out_dir: 
     rr.file_min_bytes = start
     hi = "inf" if rr.max_bytes == 0 else format_size(rr.max_bytes + 1)
     name = f"{coll.value}-{topo.world_size}r-{format_size(max(rr.min_bytes, 1))}-{hi}-{rr.protocol}"
-    low = lower_msccl(sched)
+    if low is None:
+        low = lower_msccl(arr.to_schedule(), max_threadblocks=budget)
     low.require(max_threadblocks=budget)
     rr.threadblocks = low.threadblocks
     # In place too (DDP's gradient all-reduce is): the writer never writes the input, so the
     # same steps are correct with input and output aliased (model/msccl.py), except alltoall.
-    xml = low.render(name=name, proto=rr.protocol, nchannels=sched.channels, min_bytes=start,
-                     max_bytes=rr.max_bytes or None,
-                     inplace=coll != Collective.ALLTOALL)  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.xml"
-    path.write_text(xml, encoding="utf-8")
+    part = path.with_name(path.name + ".part")  # renamed when complete: never half a file
+    try:
+        with part.open("w", encoding="utf-8") as fh:
+            write_lowering(low, fh, name=name, proto=rr.protocol, nchannels=arr.channels,
+                           min_bytes=start, max_bytes=rr.max_bytes or None,
+                           inplace=coll != Collective.ALLTOALL)  # fmt: skip
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    os.replace(part, path)
     return str(path)

@@ -2,8 +2,9 @@
 
 Formulation (TE-CCL-style epochs, as SyCCL §5.1 uses for sub-demands): the data a sub-demand
 carries is split into `pieces`; time is cut into epochs of the time one piece takes on one link, so
-every link (switch: every port) carries at most one piece per epoch. Store-and-forward: a piece
-sent in epoch t can be forwarded from epoch t+1. Variables:
+every link (switch: every port; mesh: every lane of a pair) carries at most one piece per epoch.
+With `origins` each piece starts at one GPU (an AllGather inside a server). Store-and-forward:
+a piece sent in epoch t can be forwarded from epoch t+1. Variables:
   x[p,u,v,t] in {0,1}   piece p crosses link u->v in epoch t
   h[p,v,t]   in [0,1]   v holds p at the start of epoch t (integral at the optimum)
   y[t]       in {0,1}   some demand is still unmet at the start of epoch t (makespan = sum y)
@@ -39,20 +40,29 @@ HANG_GUARD_S = 3600.0
 
 @dataclass(frozen=True, slots=True)
 class SubDemand:
-    """Every receiver needs every piece, which every source holds (one-to-all sub-demand)."""
+    """Every receiver needs every piece, which every source holds (one-to-all sub-demand); or,
+    with `origins`, piece p starts at origins[p] alone (all-to-all, e.g. an AllGather inside
+    one server: every GPU is a source and a receiver)."""
 
     group: GroupTopo
     sources: tuple[int, ...]
     receivers: tuple[int, ...]
     symmetric: bool
     pieces: int = 1
+    origins: tuple[int, ...] = ()
+
+    def holders(self, piece: int) -> set[int]:
+        """Who holds `piece` at the start."""
+        return {self.origins[piece]} if self.origins else set(self.sources)
 
     def key(self) -> tuple[object, ...]:
         """Isomorphic sub-demands share a key: solved once, mapped everywhere else."""
         c = self.canonical()
-        return (c.group, c.sources, c.receivers, c.symmetric, c.pieces)
+        return (c.group, c.sources, c.receivers, c.symmetric, c.pieces, c.origins)
 
     def canonical(self) -> SubDemand:
+        if self.group.kind == "mesh" or self.origins:
+            return self  # no symmetry assumed
         shift = min(self.sources)
         g = self.group.size
         src = tuple(sorted((s - shift) % g for s in self.sources))
@@ -71,6 +81,9 @@ class SubSchedule:
     epochs: int
     status: str  # "optimal" | "work-limit" | "greedy" | "trivial"
     solve_s: float  # informational: wall time spent; nothing depends on it
+    milp: bool = False  # HiGHS ran (the greedy start missed the lower bound)
+    nodes: int = 0  # branch-and-bound nodes HiGHS explored
+    greedy_epochs: int = 0  # the greedy start's makespan, for comparison
 
     def time_us(self, volume_bytes: float, multiplicity: float = 1.0) -> float:
         """Estimated duration when the whole sub-demand carries `volume_bytes`.
@@ -90,7 +103,8 @@ class SubSchedule:
         own = self.demand
         perm = _position_map(own, demand)
         sends = tuple((t, p, perm[u], perm[v]) for t, p, u, v in self.sends)
-        return SubSchedule(demand, sends, self.epochs, self.status, self.solve_s)
+        return SubSchedule(demand, sends, self.epochs, self.status, self.solve_s, self.milp,
+                           self.nodes, self.greedy_epochs)  # fmt: skip
 
 
 def _position_map(a: SubDemand, b: SubDemand) -> dict[int, int]:
@@ -112,10 +126,21 @@ class _Capacity:
 
     def __init__(self, demand: SubDemand) -> None:
         self.d = demand
-        self.switch = demand.group.kind == "switch" or demand.group.size == 2
+        self.switch = demand.group.kind == "switch" or (
+            demand.group.size == 2 and demand.group.kind != "mesh"
+        )
+
+    def limit(self, res: tuple[str, int]) -> int:
+        """Pieces a resource carries per epoch (a mesh link: its lanes)."""
+        if res[0] == "link":
+            g = self.d.group
+            return g.capacity(res[1] // g.size, res[1] % g.size)
+        return 1
 
     def resources(self, u: int, v: int) -> list[tuple[str, int]]:
         g = self.d.group
+        if g.kind == "mesh":
+            return [("link", u * g.size + v)]
         if self.switch:
             if self.d.symmetric:
                 return [("all", 0)]  # egress and ingress orbits both hold every port
@@ -131,17 +156,18 @@ def greedy(demand: SubDemand) -> list[tuple[int, int, int, int]]:
     cap = _Capacity(demand)
     g = demand.group
     links = g.links()
-    hold = [set(demand.sources) for _ in range(demand.pieces)]
+    hold = [demand.holders(p) for p in range(demand.pieces)]
     need = {(p, r) for p in range(demand.pieces) for r in demand.receivers if r not in hold[p]}
     sends: list[tuple[int, int, int, int]] = []
     t = 0
     while need:
-        used: set[tuple[str, int]] = set()
+        used: dict[tuple[str, int], int] = {}
         arriving: set[tuple[int, int]] = set()
         shift = t % max(1, len(links))
-        for u, v in links[shift:] + links[:shift]:
+        order = links[shift:] + links[:shift]
+        for u, v in [lk for lk in order for _ in range(g.capacity(*lk))]:
             res = cap.resources(u, v)
-            if any(r in used for r in res):
+            if any(used.get(r, 0) >= cap.limit(r) for r in res):
                 continue
             best = None
             for p in range(demand.pieces):
@@ -158,7 +184,8 @@ def greedy(demand: SubDemand) -> list[tuple[int, int, int, int]]:
             if best is None:
                 continue
             p = best[1]
-            used.update(res)
+            for r in res:
+                used[r] = used.get(r, 0) + 1
             arriving.add((p, v))
             sends.append((t, p, u, v))
         if not arriving:
@@ -176,9 +203,10 @@ Send = tuple[int, int, int, int]  # (epoch, piece, src, dst)
 def _prune(demand: SubDemand, sends: list[Send]) -> list[Send]:
     """Keep first arrivals only and drop sends whose data never reaches a receiver."""
     first: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+    held = [demand.holders(p) for p in range(demand.pieces)]
     for s in sorted(sends):
         _, p, _, v = s
-        if v in demand.sources or (p, v) in first:
+        if v in held[p] or (p, v) in first:
             continue
         first[(p, v)] = s
     kept = list(first.values())
@@ -208,16 +236,12 @@ def solve(demand: SubDemand, *, node_limit: int = NODE_LIMIT) -> SubSchedule:
     nvars = demand.pieces * len(links) * horizon
     if horizon <= lower or nvars > MAX_VARS or node_limit <= 0:
         status = "optimal" if horizon <= lower else "greedy"
-        return SubSchedule(demand, tuple(warm), horizon, status, time.perf_counter() - start)
-    sends, status = _milp(demand, horizon, warm, node_limit)
+        return SubSchedule(demand, tuple(warm), horizon, status, time.perf_counter() - start,
+                           greedy_epochs=horizon)  # fmt: skip
+    sends, status, nodes = _milp(demand, horizon, warm, node_limit)
     pruned = _prune(demand, sends)
-    return SubSchedule(
-        demand,
-        tuple(pruned),
-        _epochs(pruned),
-        status,
-        time.perf_counter() - start,
-    )
+    return SubSchedule(demand, tuple(pruned), _epochs(pruned), status,
+                       time.perf_counter() - start, True, nodes, horizon)  # fmt: skip
 
 
 def _lower_bound(demand: SubDemand) -> int:
@@ -225,6 +249,15 @@ def _lower_bound(demand: SubDemand) -> int:
     g = demand.group
     k = demand.pieces
     links = g.links()
+    if g.kind == "mesh" or demand.origins:
+        bound = 0
+        for r in demand.receivers:
+            missing = [p for p in range(k) if r not in demand.holders(p)]
+            into = sum(g.capacity(u, v) for u, v in links if v == r)
+            if missing:
+                far = max(min(g.hops(s, r) for s in demand.holders(p)) for p in missing)
+                bound = max(bound, -(-len(missing) // max(1, into)), far)
+        return bound
     indeg = sum(1 for _, v in links if v == demand.receivers[0])
     dist = max(min(g.hops(s, r) for s in demand.sources) for r in demand.receivers)
     bound = max(-(-k // indeg), dist)
@@ -238,7 +271,7 @@ def _lower_bound(demand: SubDemand) -> int:
 
 def _milp(
     demand: SubDemand, horizon: int, warm: list[Send], node_limit: int
-) -> tuple[list[tuple[int, int, int, int]], str]:
+) -> tuple[list[tuple[int, int, int, int]], str, int]:
     k, g, T = demand.pieces, demand.group.size, horizon
     links = demand.group.links()
     cap = _Capacity(demand)
@@ -267,14 +300,16 @@ def _milp(
     for t in yi:
         cost[yi[t]] = 1.0
     for p in range(k):
+        start = demand.holders(p)
         for v in range(g):
-            held = 1.0 if v in demand.sources else 0.0
+            held = 1.0 if v in start else 0.0
             lb[hi[(p, v, 0)]] = ub[hi[(p, v, 0)]] = held
             if held:
                 for t in range(T + 1):
                     lb[hi[(p, v, t)]] = 1.0
         for r in demand.receivers:
-            lb[hi[(p, r, T)]] = 1.0
+            if r not in start:
+                lb[hi[(p, r, T)]] = 1.0
     rows: list[tuple[float, float, list[int], list[float]]] = []
     inf = highspy.kHighsInf
     into: dict[int, list[int]] = {v: [] for v in range(g)}
@@ -292,14 +327,15 @@ def _milp(
     for e, (u, v) in enumerate(links):
         for res in cap.resources(u, v):
             by_res.setdefault(res, []).append(e)
-    for es in by_res.values():
+    for res, es in by_res.items():
         for t in range(T):
             idx = [xi[(p, e, t)] for p in range(k) for e in es]
-            rows.append((-inf, 1.0, idx, [1.0] * len(idx)))
+            rows.append((-inf, float(cap.limit(res)), idx, [1.0] * len(idx)))
     for t in range(1, T + 1):
         for p in range(k):
             for r in demand.receivers:
-                rows.append((1.0, inf, [yi[t], hi[(p, r, t)]], [1.0, 1.0]))
+                if r not in demand.holders(p):
+                    rows.append((1.0, inf, [yi[t], hi[(p, r, t)]], [1.0, 1.0]))
         if t < T:
             rows.append((0.0, inf, [yi[t], yi[t + 1]], [1.0, -1.0]))
     h = new_highs()
@@ -342,6 +378,7 @@ def _milp(
         # falling back to greedy here would make patterns depend on what ran before.
         raise RuntimeError("HiGHS did not run the sub-demand MILP (threads differ from 1?)")
     sol = h.getSolution()
+    nodes = int(h.getInfo().mip_node_count)
     # Node and iteration limits end as kSolutionLimit / kIterationLimit; a time-limit stop (the
     # hang guard) would make the pattern depend on the machine, so it keeps the greedy one.
     if sol.value_valid and status in (
@@ -353,8 +390,8 @@ def _milp(
         sends = [(t, p, links[e][0], links[e][1]) for (p, e, t), i in xi.items() if col[i] > 0.5]
         tag = "optimal" if status == highspy.HighsModelStatus.kOptimal else "work-limit"
         if _valid(demand, sends):
-            return sends, tag
-    return list(warm), "greedy"
+            return sends, tag, nodes
+    return list(warm), "greedy", nodes
 
 
 def _warm_values(
@@ -374,8 +411,9 @@ def _warm_values(
         val[xi[(p, eidx[(u, v)], t)]] = 1.0
         arrive[(p, v)] = t + 1
     for p in range(demand.pieces):
+        start = demand.holders(p)
         for v in range(demand.group.size):
-            at = 0 if v in demand.sources else arrive.get((p, v), T + 1)
+            at = 0 if v in start else arrive.get((p, v), T + 1)
             for t in range(T + 1):
                 val[hi[(p, v, t)]] = 1.0 if t >= at else 0.0
     last = _epochs(warm)
@@ -386,13 +424,19 @@ def _warm_values(
 
 def _valid(demand: SubDemand, sends: list[tuple[int, int, int, int]]) -> bool:
     """Replays a pattern: every send leaves a holder, every receiver ends with every piece."""
-    hold = [set(demand.sources) for _ in range(demand.pieces)]
+    hold = [demand.holders(p) for p in range(demand.pieces)]
     links = set(demand.group.links())
+    cap = _Capacity(demand)
     for t in sorted({s[0] for s in sends}):
         now = [s for s in sends if s[0] == t]
+        load: dict[tuple[str, int], int] = {}
         for _, p, u, v in now:
             if u not in hold[p] or (u, v) not in links:
                 return False
+            for r in cap.resources(u, v):
+                load[r] = load.get(r, 0) + 1
+                if load[r] > cap.limit(r):
+                    return False
         for _, p, _, v in now:
             hold[p].add(v)
     return all(r in hold[p] for p in range(demand.pieces) for r in demand.receivers)

@@ -1,8 +1,8 @@
-"""Solving many sub-demands: once per isomorphism class, in parallel, shardable.
+"""Solving many sub-demands: once per isomorphism class, in-process or in a process pool.
 
-The same three calls run in-process, in a local process pool, or across a Kubernetes Indexed Job
-(the controller writes `plan_json` into a ConfigMap, pod i runs `solve_shard(plan, i)` with
-i = $JOB_COMPLETION_INDEX and writes `results_json`, the operator `merge`s what the pods wrote).
+`plan_shards` / `solve_shard` / `merge` and the JSON wire format would let the classes be spread
+over pods too, but the operator shards whole syntheses instead (units.py): the MILPs here are a
+small part of a synthesis' time (docs/synthesis.md, "What is sharded").
 """
 
 from __future__ import annotations
@@ -78,17 +78,19 @@ def _demand_dict(d: SubDemand) -> dict[str, object]:
     g = d.group
     return {
         "group": {"kind": g.kind, "size": g.size, "bandwidthGbps": g.bandwidth_gbps,
-                  "latencyUs": g.latency_us},
+                  "latencyUs": g.latency_us, "lanes": [list(x) for x in g.lanes]},
         "sources": list(d.sources), "receivers": list(d.receivers),
-        "symmetric": d.symmetric, "pieces": d.pieces,
+        "symmetric": d.symmetric, "pieces": d.pieces, "origins": list(d.origins),
     }  # fmt: skip
 
 
 def _demand_of(x: dict) -> SubDemand:
     g = x["group"]
-    group = GroupTopo(g["kind"], int(g["size"]), float(g["bandwidthGbps"]), float(g["latencyUs"]))
+    lanes = tuple((int(u), int(v), int(k)) for u, v, k in g.get("lanes", []))
+    group = GroupTopo(g["kind"], int(g["size"]), float(g["bandwidthGbps"]), float(g["latencyUs"]),
+                      lanes)  # fmt: skip
     return SubDemand(group, tuple(x["sources"]), tuple(x["receivers"]), bool(x["symmetric"]),
-                     int(x["pieces"]))  # fmt: skip
+                     int(x["pieces"]), tuple(int(o) for o in x.get("origins", [])))  # fmt: skip
 
 
 def plan_json(plan: ShardPlan) -> str:
@@ -111,7 +113,8 @@ def plan_from_json(text: str) -> ShardPlan:
 def results_json(results: list[SubSchedule]) -> str:
     return json.dumps([
         {"demand": _demand_dict(s.demand), "sends": [list(t) for t in s.sends],
-         "epochs": s.epochs, "status": s.status, "solveS": s.solve_s}
+         "epochs": s.epochs, "status": s.status, "solveS": s.solve_s, "milp": s.milp,
+         "nodes": s.nodes, "greedyEpochs": s.greedy_epochs}
         for s in results
     ])  # fmt: skip
 
@@ -121,7 +124,10 @@ def results_from_json(text: str) -> list[SubSchedule]:
     for x in json.loads(text):
         sends = tuple((int(t[0]), int(t[1]), int(t[2]), int(t[3])) for t in x["sends"])
         demand = _demand_of(x["demand"])
+        stats = (bool(x.get("milp", False)), int(x.get("nodes", 0)), int(x.get("greedyEpochs", 0)))
         out.append(
-            SubSchedule(demand, sends, int(x["epochs"]), str(x["status"]), float(x["solveS"]))
+            SubSchedule(
+                demand, sends, int(x["epochs"]), str(x["status"]), float(x["solveS"]), *stats
+            )
         )
     return out

@@ -1,31 +1,41 @@
-"""Sketches of one-to-all collectives over a symmetric fabric's dimensions (SyCCL §4.1).
+"""Sketch search for one-to-all collectives over a symmetric fabric (SyCCL §4.1).
 
-A sketch says how the data of one root reaches every other GPU as a short sequence of stages,
-each inside the groups of one dimension:
-- `relay` (dim d, offset o): the root hands the data to the GPU o positions away in its group of
-  d; from then on that GPU acts as the root (the root keeps its copy and never receives again);
-- `spread` (dim d): every GPU that acts as a source sends to every other GPU of its group of d
-  (one sub-demand per group, solved once and mapped to all of them).
-Every spread order of the dimensions reaches every GPU exactly once.
+A sketch says how the data of one root reaches every GPU as a sequence of stages. A stage picks
+a dimension d, the sub-demand each group of d runs, and which of the G groups of d that hold
+acting sources take part. Sub-demands (relative to the acting source of a group):
+- `relay` (offset o): hand the data to the GPU o positions away; from then on that GPU acts as
+  the source (the old one keeps its copy);
+- `spread`: send to every other GPU of the group (all of them act from then on).
+Partial spreads are not stages of their own: the sub-demand MILP already routes inside a group.
 
-Search space and SyCCL's three prunings:
-1. isomorphic sketches: relays to offsets that an automorphism fixing the root maps onto each
-   other are one sketch (any offset in a switch or full mesh; o and -o on a ring), and identical
-   dimensions may be spread in one canonical order;
-2. forced consistency: a stage is a single sub-demand applied to every group of the dimension
-   that holds data, so isomorphic groups always send and receive in the same ratio (the
-   representation cannot express anything else; `raw_inconsistent` counts what it excludes);
-3. bounded relays: data is relayed at most `len(dims)` times, i.e. at most one relay hop before
-   the D spread stages.
+The search enumerates these stage sequences depth first (up to 2 stages per dimension), counting
+every sequence it generates, and applies SyCCL's three prunings as filters, in the paper's order;
+a sequence a filter removes is not extended:
+1. isomorphic sketches (`canonical`): sequences mapped onto each other by an automorphism that
+   fixes the root (any permutation of a switch's or full mesh's positions, the reflection of a
+   ring, swapping identical dimensions) are one sketch; only the canonical one is kept;
+2. forced consistency (`consistent`): all isomorphic groups holding data run the same
+   sub-demand, so a stage in which only some of the G groups take part is removed;
+3. bounded relays (`relays_bounded`): at most `max_relays` relay hops, all before the first
+   spread.
+A complete sequence (every GPU holds the data) that passes all three is a sketch. The counts
+`search` returns are the sequences actually generated and those surviving each filter; the
+search stops after `limit` generated sequences (work, not seconds) and says so.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from ..api.cluster import Dimension
+
+# Stage sequences generated before the search stops (work, not seconds): h800-rail-512
+# enumerates 3,286, a 3-tier 8 x 16 x 8 fabric (1,024 GPUs) 27,261.
+MAX_ENUMERATED = 200_000
+MAX_RELAYS = 1  # SyCCL's bounded relays: one relay hop, before any spread
+FILTERS = ("isomorphism", "consistency", "relays")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +47,10 @@ class Stage:
     def label(self, dims: list[Dimension]) -> str:
         name = dims[self.dim].name
         return f"relay:{name}+{self.offset}" if self.kind == "relay" else f"spread:{name}"
+
+    def key(self) -> tuple[int, int, int]:
+        """Total order used to pick the canonical sequence of an isomorphism class."""
+        return (self.dim, 0 if self.kind == "relay" else 1, self.offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +74,7 @@ class Sketch:
         if r is None:
             return [self]
         dim = dims[r.dim]
-        if dim.kind == "ring" and dim.size > 2:
+        if dim.kind == "ring" and dim.size > 3:
             offs = sorted({r.offset, (-r.offset) % dim.size})
         else:
             offs = list(range(1, dim.size))
@@ -69,62 +83,204 @@ class Sketch:
 
 @dataclass(frozen=True, slots=True)
 class SearchStats:
-    raw: int  # by formula, not enumerated: relay prefixes up to D hops x spread orders
-    after_relay_bound: int  # by formula, not enumerated
+    """Stage sequences generated and surviving each pruning, in order (all counted)."""
+
+    enumerated: int
     after_isomorphism: int
-    raw_inconsistent: int  # per-group variants forced consistency excludes (not enumerated)
-    kept: int
+    after_consistency: int
+    after_relay_bound: int
+    kept: int  # complete sequences after all three: the sketches
+    truncated: bool  # the search stopped at its work limit
+    limit: int
+    # Sequences each filter removed, when `search(..., trace=True)` (tests, debugging).
+    removed: dict[str, list[tuple[tuple[Stage, ...], int, int]]] = field(default_factory=dict)
+
+    def line(self) -> str:
+        more = f" (stopped at the limit of {self.limit})" if self.truncated else ""
+        return (f"sketch search: {self.enumerated} stage sequences enumerated{more} -> "
+                f"{self.after_isomorphism} after isomorphism -> {self.after_consistency} after "
+                f"forced consistency -> {self.after_relay_bound} after bounded relays; "
+                f"{self.kept} complete sketches")  # fmt: skip
 
 
 def _signature(d: Dimension) -> tuple[object, ...]:
     return (d.kind, d.size, d.bandwidth_gbps, d.latency_us)
 
 
-def _canonical_orders(dims: list[Dimension], active: list[int]) -> list[tuple[int, ...]]:
+def _reflectable(d: Dimension) -> bool:
+    """A ring's only automorphisms fixing a node are the identity and the reflection; a ring
+    of at most 3 GPUs (and a switch or full mesh) allows every permutation fixing the root."""
+    return d.kind == "ring" and d.size > 3
+
+
+def _relabel(stages: tuple[Stage, ...], dims: list[Dimension], perm: tuple[int, ...],
+             flips: tuple[bool, ...]) -> tuple[Stage, ...]:  # fmt: skip
+    """`stages` mapped by a dimension permutation and per-dimension position maps fixing 0.
+
+    A relay moves the acting position of its dimension; in a ring the positions are reflected
+    when `flips` says so, elsewhere they are renamed in order of first appearance (the canonical
+    representative under every permutation fixing 0)."""
+    pos = [0] * len(dims)
+    names: list[dict[int, int]] = [{0: 0} for _ in dims]
     out = []
-    for perm in itertools.permutations(active):
-        # Identical dimensions are interchangeable: keep the order that lists them ascending.
-        ok = all(
-            not (_signature(dims[a]) == _signature(dims[b]) and a > b)
-            for i, a in enumerate(perm)
-            for b in perm[i + 1 :]
-        )
-        if ok:
-            out.append(perm)
-    return out
+    for st in stages:
+        d = st.dim
+        if st.kind == "spread":
+            out.append(Stage(perm[d], "spread"))
+            continue
+        g = dims[d].size
+        old, new = pos[d], (pos[d] + st.offset) % g
+        pos[d] = new
+        if _reflectable(dims[d]):
+            a, b = (-old % g, -new % g) if flips[d] else (old, new)
+        else:
+            for p in (old, new):
+                names[d].setdefault(p, len(names[d]))
+            a, b = names[d][old], names[d][new]
+        out.append(Stage(perm[d], "relay", (b - a) % g))
+    return tuple(out)
 
 
-def _relay_reps(dim: Dimension) -> list[int]:
-    if dim.kind == "ring" and dim.size > 2:
-        return list(range(1, dim.size // 2 + 1))
-    return [1] if dim.size > 1 else []
+def _automorphisms(dims: list[Dimension]) -> list[tuple[tuple[int, ...], tuple[bool, ...]]]:
+    """Dimension permutations among identical dimensions x ring reflections."""
+    classes: dict[tuple[object, ...], list[int]] = {}
+    for i, d in enumerate(dims):
+        classes.setdefault(_signature(d), []).append(i)
+    perms: list[tuple[int, ...]] = []
+    for choice in itertools.product(*(itertools.permutations(c) for c in classes.values())):
+        perm = list(range(len(dims)))
+        for members, image in zip(classes.values(), choice, strict=True):
+            for src, dst in zip(members, image, strict=True):
+                perm[src] = dst
+        perms.append(tuple(perm))
+    rings = [i for i, d in enumerate(dims) if _reflectable(d)]
+    flips = []
+    for bits in itertools.product((False, True), repeat=len(rings)):
+        f = [False] * len(dims)
+        for i, b in zip(rings, bits, strict=True):
+            f[i] = b
+        flips.append(tuple(f))
+    return [(p, f) for p in perms for f in flips]
 
 
-def search(dims: list[Dimension], *, relays: bool = True) -> tuple[list[Sketch], SearchStats]:
-    """Enumerate pruned sketches; `relays=False` for collectives where every GPU is a root."""
-    active = [i for i, d in enumerate(dims) if d.size > 1]
+def canonical(stages: tuple[Stage, ...], dims: list[Dimension],
+              autos: list[tuple[tuple[int, ...], tuple[bool, ...]]] | None = None
+              ) -> tuple[Stage, ...]:  # fmt: skip
+    """The representative of `stages`' isomorphism class (pruning 1 keeps only it)."""
+    autos = autos if autos is not None else _automorphisms(dims)
+    return min((_relabel(stages, dims, p, f) for p, f in autos),
+               key=lambda s: [st.key() for st in s])  # fmt: skip
+
+
+def consistent(groups_taking_part: int, groups_holding: int) -> bool:
+    """Pruning 2, forced consistency: every isomorphic group holding data runs the stage."""
+    return groups_taking_part == groups_holding
+
+
+def relays_bounded(stages: tuple[Stage, ...], max_relays: int = MAX_RELAYS) -> bool:
+    """Pruning 3, bounded relays: at most `max_relays` relay hops, none after a spread."""
+    relays = [i for i, s in enumerate(stages) if s.kind == "relay"]
+    first_spread = next((i for i, s in enumerate(stages) if s.kind == "spread"), len(stages))
+    return len(relays) <= max_relays and all(i < first_spread for i in relays)
+
+
+class _Fabric:
+    """Ranks as coordinates (innermost dimension first), for holder sets."""
+
+    def __init__(self, dims: list[Dimension]) -> None:
+        self.sizes = [d.size for d in dims]
+        self.strides = [1]
+        for g in self.sizes[:-1]:
+            self.strides.append(self.strides[-1] * g)
+        self.n = self.strides[-1] * self.sizes[-1]
+
+    def ranks(self, coords: list[tuple[int, ...]]) -> frozenset[int]:
+        return frozenset(sum(c * s for c, s in zip(p, self.strides, strict=True))
+                         for p in itertools.product(*coords))  # fmt: skip
+
+
+@dataclass
+class _Search:
+    dims: list[Dimension]
+    max_relays: int
+    limit: int
+    trace: bool
+    autos: list[tuple[tuple[int, ...], tuple[bool, ...]]]
+    fab: _Fabric
+    counts: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    removed: dict[str, list[tuple[tuple[Stage, ...], int, int]]] = field(default_factory=dict)
+    found: list[Sketch] = field(default_factory=list)
+    truncated: bool = False
+
+    def children(
+        self, acting: tuple[tuple[int, ...], ...], holders: frozenset[int]
+    ) -> Iterator[tuple[Stage, tuple[tuple[int, ...], ...], frozenset[int], int]]:
+        """(stage, acting positions after it, holders after it, groups holding acting sources)
+        of every stage that brings the data to at least one GPU lacking it."""
+        for d, dim in enumerate(self.dims):
+            if dim.size == 1:
+                continue
+            groups = 1
+            for e, pos in enumerate(acting):
+                groups *= len(pos) if e != d else 1
+            kinds = [Stage(d, "spread")] + [Stage(d, "relay", o) for o in range(1, dim.size)]
+            for st in kinds:
+                if st.kind == "spread":
+                    after = tuple(tuple(range(dim.size)) if e == d else p
+                                  for e, p in enumerate(acting))  # fmt: skip
+                else:
+                    after = tuple(tuple(sorted((x + st.offset) % dim.size for x in p)) if e == d
+                                  else p for e, p in enumerate(acting))  # fmt: skip
+                reached = self.fab.ranks(list(after))
+                if not reached <= holders:
+                    yield st, after, holders | reached, groups
+
+    def run(
+        self,
+        stages: tuple[Stage, ...],
+        acting: tuple[tuple[int, ...], ...],
+        holders: frozenset[int],
+        depth: int,
+    ) -> None:
+        for st, after, held, groups in self.children(acting, holders):
+            seq = (*stages, st)
+            iso = canonical(seq, self.dims, self.autos) == seq
+            for k in range(groups, 0, -1):  # every holder group takes part first, then fewer
+                if self.counts[0] >= self.limit:
+                    self.truncated = True
+                    return
+                self.counts[0] += 1
+                # SyCCL's three prunings in the paper's order; the first that fails removes it.
+                verdicts = (iso, consistent(k, groups), relays_bounded(seq, self.max_relays))
+                passed = next((i for i, ok in enumerate(verdicts) if not ok), len(FILTERS))
+                for i in range(passed):
+                    self.counts[i + 1] += 1
+                if passed < len(FILTERS):
+                    if self.trace:
+                        self.removed.setdefault(FILTERS[passed], []).append((seq, k, groups))
+                    continue
+                if len(held) == self.fab.n:
+                    self.found.append(Sketch(seq))
+                elif depth > 1:
+                    self.run(seq, after, held, depth - 1)
+
+
+def search(dims: list[Dimension], *, relays: bool = True, max_relays: int = MAX_RELAYS,
+           limit: int = MAX_ENUMERATED,
+           trace: bool = False) -> tuple[list[Sketch], SearchStats]:  # fmt: skip
+    """Enumerate stage sequences, filter them by the three prunings, return the sketches.
+
+    `relays=False` (collectives where every GPU is a root anyway) sets the relay bound to 0."""
+    active = [d for d in dims if d.size > 1]
+    bound = max_relays if relays else 0
     if not active:
-        return [Sketch(())], SearchStats(1, 1, 1, 0, 1)
-    nd = len(active)
-    orders_raw = math.factorial(nd)
-    hops = sum(dims[i].size - 1 for i in active)
-    raw = orders_raw * sum(hops**p for p in range(nd + 1))
-    bounded = orders_raw * (1 + hops)
-    orders = _canonical_orders(dims, active)
-    reps = [(d, o) for d in active for o in _relay_reps(dims[d])] if relays else []
-    sketches = [Sketch(tuple(Stage(d, "spread") for d in order)) for order in orders]
-    for d, o in reps:
-        for order in orders:
-            sketches.append(Sketch((Stage(d, "relay", o), *(Stage(x, "spread") for x in order))))
-    # Forced consistency: in a spread stage over dim d, each of the G groups holding data could
-    # otherwise pick its own receiver subset (2^(g-1) - 1 non-empty ones).
-    inconsistent = 0
-    for order in orders:
-        groups = 1
-        for d in order:
-            variants = (2 ** (dims[d].size - 1) - 1) ** groups if groups < 64 else 0
-            inconsistent += max(0, variants - 1)
-            groups *= dims[d].size
-    iso = len(orders) * (1 + len(reps))
-    stats = SearchStats(raw, bounded, iso, inconsistent, len(sketches))
-    return sketches, stats
+        return [Sketch(())], SearchStats(0, 0, 0, 0, 1, False, limit)
+    s = _Search(dims, bound, limit, trace, _automorphisms(dims), _Fabric(dims))
+    root = tuple((0,) for _ in dims)
+    s.run((), root, s.fab.ranks(list(root)), 2 * len(active))
+    # Fewest relays first, then the stage order (the order combination ranks ties in).
+    found = sorted(s.found, key=lambda k: (sum(x.kind == "relay" for x in k.stages),
+                                           [x.key() for x in k.stages]))  # fmt: skip
+    stats = SearchStats(s.counts[0], s.counts[1], s.counts[2], s.counts[3], len(found),
+                        s.truncated, limit, s.removed)  # fmt: skip
+    return found, stats

@@ -73,6 +73,7 @@ def build(spec: ClusterSpec) -> ClusterTopology:
             links=links,
             sources=spec.sources,
             host_cpu=spec.cpu,
+            transport=spec.nics.transport,
         )
     except ValueError as exc:  # pydantic ValidationError is a ValueError
         raise TopologyError(f"cluster {spec.name!r}: {exc}") from exc

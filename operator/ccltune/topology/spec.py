@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from ..api.cluster import NetTransport
 from ..api.common import Message, ShortText, WireModel
 from ..api.nodetopology import HostCpu
 
@@ -77,6 +78,8 @@ class Nics(WireModel):
     rate_gbps: Annotated[float, Field(gt=0)] = 100.0  # Gb/s, bits
     latency_us: Latency = 2.5  # NIC <-> leaf
     link_layer: Literal["InfiniBand", "Ethernet"] = "InfiniBand"
+    # rdma (default), efa, socket, tcpx, tcpxo; host-offloaded ones pay perMessageUs per message.
+    transport: NetTransport = NetTransport()
 
 
 class Tier(WireModel):

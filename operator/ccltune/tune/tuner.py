@@ -76,10 +76,14 @@ class SynthCandidate:
     name: str
     measurement: Measurement
     msccl_file: str | None = None
+    config: Config | None = None  # a joint-search variant: msccl:<schedule> x protocol x channels x instances
 
 
 # (task key, size) -> candidates measured/simulated at that size
 SynthSource = Callable[[TaskKey, int], Sequence[SynthCandidate]]
+# A winning MSCCL variant's schedule file: (published path, XML), why it cannot be published, or
+# None to leave it unresolved for the caller (a plan matches it to its synthesized files later).
+VariantFile = Callable[[TaskKey, Config], tuple[str, str] | str | None]
 
 
 @dataclass
@@ -132,7 +136,9 @@ class TaskOutcome:
 
     def choice(self) -> Choice:
         if self.synthesized is not None:
+            v = self.synthesized.config  # a variant: the protocol and channels it was measured with
             return Choice(kind="msccl", algorithm=self.synthesized.name, msccl_file=self.synthesized.msccl_file,
+                          protocol=v.impl.protocol if v else None, channels=v.channels * v.instances if v else None,
                           realized_by=self.synthesized.msccl_file)
         by = ("NCCL default" if self.kept_default or self.deployed is None
               else f"tuner row {self.table_row}" if self.table_row is not None else None)
@@ -297,11 +303,13 @@ def tune_tasks(
     sharp: bool | None = None,
     progress: Progress | None = None,
     keep: Callable[[TaskKey, int, Config], str | None] | None = None,
+    variant_file: VariantFile | None = None,
     **profiler_options: Any,
 ) -> TuningResult:
     """Tune every task key (split into size buckets); `budget` is in trials per bucket.
     `keep(parent key, size, config)`: None to publish a pick, else why NCCL's default is kept
-    instead (the plan's common evaluator vetoes picks it times no faster; model/evaluate.py)."""
+    instead (the plan's common evaluator vetoes picks it times no faster; model/evaluate.py).
+    `variant_file`: the schedule file of a winning MSCCL variant, published with the result."""
     if budget < 1:
         raise InputError(f"budget must be at least 1 trial, got {budget}")
     if not tasks:
@@ -331,8 +339,9 @@ def tune_tasks(
     say("reconciling process-wide knobs", len(buckets), len(buckets))
     runs = _Runs(prof, verify_reps, outcomes[0][1].arch)
     g = _reconcile(outcomes, runs, notes)
+    variant_files: dict[str, str] = {}
     for outcome, _facts, _space in outcomes:
-        _finish(outcome, runs, g, synthesized)
+        _finish(outcome, runs, g, synthesized, variant_file, variant_files)
         o = outcome
         why = (keep(o.parent or o.key, o.size, o.deployed)
                if keep is not None and o.deployed is not None and not o.kept_default else None)  # fmt: skip
@@ -356,7 +365,8 @@ def tune_tasks(
     env.update(_global_env(g, [o for o, _, _ in outcomes], [f for _, f, _ in outcomes]))
     header = (f"ccltune tune: {len(buckets)} task keys on {topo.name}, searcher {search.name}, "
               f"profiler {prof.name} ({prof.source}), budget {budget}/key, seed {seed}")
-    files = {TUNER_FILE: render_tuner_csv(rows, header), NCCL_CONF_FILE: render_nccl_conf(env, header)}
+    files = {TUNER_FILE: render_tuner_csv(rows, header), NCCL_CONF_FILE: render_nccl_conf(env, header),
+             **variant_files}
     if built.rows:  # no rows: nothing for the plugin to do, so it is not loaded at all
         files[TABLE_FILE] = render_table(built.rows, nvls=built.nvls, comments=[header])
     if rows:
@@ -409,7 +419,7 @@ def _split_variant(result: SearchResult, prof: Profiler) -> tuple[SearchResult |
         return result, None
     c = result.best
     name = f"{c.impl.algorithm.removeprefix(MSCCL_PREFIX)}/{c.impl.protocol} {c.channels}ch x{c.instances}"
-    variant = SynthCandidate(name, Measurement(result.value, prof.source, 1, "picked by the joint search"))
+    variant = SynthCandidate(name, Measurement(result.value, prof.source, 1, "picked by the joint search"), config=c)
     nccl = [t for t in result.trials if not is_msccl(t.config.impl.algorithm) and not t.pruned]
     if not nccl:
         return None, variant
@@ -559,7 +569,8 @@ def _as_nccl_runs(default: Config, g: tuple[str, int, int], size: int) -> Config
     return Config(Impl(default.impl.algorithm, proto, transport), nc, nt, buff if proto == "Simple" else default.buffsize)
 
 
-def _finish(outcome: TaskOutcome, runs: _Runs, g: Knobs, synthesized: SynthSource | None) -> None:
+def _finish(outcome: TaskOutcome, runs: _Runs, g: Knobs, synthesized: SynthSource | None,
+            variant_file: VariantFile | None = None, files: dict[str, str] | None = None) -> None:
     o, prof = outcome, runs.prof
     if o.searched is not None and o.deployed is not None:
         best = runs.best(o, None, g)
@@ -574,17 +585,43 @@ def _finish(outcome: TaskOutcome, runs: _Runs, g: Knobs, synthesized: SynthSourc
         cands += [SynthCandidate(n, m) for n, m in replay_synth(o.key, o.size).items()]
     if synthesized is not None:
         cands += list(synthesized(o.key, o.size))
+    nccl_measure = o.chosen_measure
     for cand in cands:
         if cand.measurement.time_us < o.chosen_measure.time_us:
             o.synthesized, o.chosen_measure = cand, cand.measurement
+    if variant_file is not None and o.variant is not None and o.synthesized is o.variant:
+        _variant_file(o, variant_file, [c for c in cands if c is not o.variant], nccl_measure, files)
     for what, m in (("NCCL's default", o.default_measure), ("the chosen time", o.chosen_measure)):
         if m.note.startswith("interpolated"):  # replay: not a measured point, say so
             o.notes.append(f"{what} is {m.note} (not measured at {o.size} bytes)")
-    if o.synthesized is not None and o.synthesized is o.variant:
+    if o.synthesized is not None and o.synthesized is o.variant and variant_file is None:
         o.notes.append(f"MSCCL variant {o.variant.name} won the joint search; publish the schedule file it was "
                        "measured with (runtime msccl/rccl); the tuner row is the best NCCL setting, for other calls")
     if o.deployed is None and o.default is None:
         o.notes.append("NCCL keeps its own choice here (no configuration known to pin)")
+
+
+def _variant_file(o: TaskOutcome, variant_file: VariantFile, others: list[SynthCandidate],
+                  nccl_measure: Measurement, files: dict[str, str] | None) -> None:
+    """The winning variant with its schedule file, or (no such file) the next best candidate."""
+    assert o.variant is not None and o.variant.config is not None
+    found = variant_file(o.key, o.variant.config)
+    if found is None:
+        return
+    if isinstance(found, tuple):
+        path, xml = found
+        o.synthesized = replace(o.variant, msccl_file=path)
+        if files is not None:
+            files[path] = xml
+        o.notes.append(f"MSCCL variant {o.variant.name} won the joint search: {path} is the file it was measured "
+                       "with; the tuner row is the best NCCL setting, for other calls")
+        return
+    o.notes.append(f"MSCCL variant {o.variant.name} won the joint search ({o.variant.measurement.time_us:.2f} us) "
+                   f"but is not published: {found}; the next best choice runs")
+    o.synthesized, o.chosen_measure = None, nccl_measure
+    for cand in others:
+        if cand.measurement.time_us < o.chosen_measure.time_us:
+            o.synthesized, o.chosen_measure = cand, cand.measurement
 
 
 _MAY_BE_REFUSED = ("nvls", "nvls_tree", "collnet_direct", "collnet_chain")
@@ -640,6 +677,7 @@ __all__ = [
     "SynthCandidate",
     "TaskOutcome",
     "TuningResult",
+    "VariantFile",
     "communicator_topology",
     "make_profiler",
     "tune_tasks",

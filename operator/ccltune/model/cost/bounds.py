@@ -80,6 +80,7 @@ class _Graph:
         self.injection = [sum(bw for _, _, bw in self.adj[v]) if v >= 0 else 0.0
                           for v in self.rank_vertex]  # fmt: skip
         self._dist: dict[tuple[float, int], list[float]] = {}
+        self._near: dict[tuple[float, int], tuple[float, float]] = {}
 
     def distances(self, sources: Iterable[int], step: float, stop: set[int] | None = None) -> (
         list[float] | float
@@ -114,6 +115,19 @@ class _Graph:
                     dist[v] = nd
                     heapq.heappush(heap, (nd, v))
         return inf if targets is not None else dist
+
+    def nearest(self, r: int, step: float) -> tuple[float, float]:
+        """Route latency into rank r from the nearest other rank, and out of r to the nearest
+        other; cached, as it does not depend on the size (synthesis asks at every size)."""
+        key = (step, r)
+        got = self._near.get(key)
+        if got is None:
+            others = set(range(len(self.rank_vertex))) - {r}
+            d_in = self.distances(others, step, stop={r})
+            d_out = self.distances([r], step, stop=others)
+            assert isinstance(d_in, float) and isinstance(d_out, float)
+            got = self._near[key] = (d_in, d_out)
+        return got
 
     def rank_distances(self, src: int, step: float) -> list[float]:
         key = (step, src)
@@ -277,10 +291,7 @@ def lower_bound(
     # Per rank: its own injection links, after the earliest any transfer can reach/leave it.
     alpha_in: list[float] = []
     for r in range(n):
-        others = set(range(n)) - {r}
-        d_in = g.distances(others, step, stop={r})
-        d_out = g.distances([r], step, stop=others)
-        assert isinstance(d_in, float) and isinstance(d_out, float)
+        d_in, d_out = g.nearest(r, step)
         a_in, a_out = step + d_in, step + d_out
         alpha_in.append(a_in)
         b_in, b_out = _crossing(coll, n, 1, size, r == root)

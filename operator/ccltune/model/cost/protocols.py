@@ -16,17 +16,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from ...api.cluster import LinkKind
+
+if TYPE_CHECKING:
+    from .gpu import GpuPhysics
 
 
 @dataclass(frozen=True, slots=True)
 class ProtocolCost:
+    """What the simulator charges for a protocol on one GPU type (sim/simulate.py).
+
+    The bare module constants (LL, LL128, SIMPLE) carry only the wire format and step cost;
+    `protocol_cost(..., gpu=...)` adds the GPU's threadblock physics (cost/gpu.py).
+    """
+
     name: str  # "LL", "LL128", "Simple"
     efficiency: float  # payload fraction of link bandwidth the protocol achieves (0..1]
-    step_latency_us: float  # fixed cost of one transfer step (launch/sync/flag handling)
-    # Cap on one channel's throughput, GB/s; None = no cap beyond the links.
-    channel_cap_gbps: float | None = None
+    # Cost of one protocol step beyond the hop latency the links carry (flag/sync handling).
+    step_latency_us: float
+    # Payload GB/s of one threadblock, on its send side and on its receive side; None = no cap.
+    tb_gbps: float | None = None
+    # Payload bytes per step: a transfer pays step_latency_us per started step; None = one step.
+    step_bytes: float | None = None
+    launch_us: float = 0.0  # per collective call: kernel launch and setup
+    floor_us: float = 0.0  # no call of this protocol completes faster
+    nvlink_efficiency: float = 1.0  # payload fraction of NVLink line rate the GPU's SMs reach
 
 
 ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree")
@@ -148,12 +164,28 @@ MAX_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}  # NCCL_{LL,LL128,SIMPLE}
 THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}  # NCCL_*_THREAD_THRESHOLD (comm.h)
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}  # tuning.cc getNetOverhead (x3 for Simple)
 
-# Protocols in the simulator. Efficiency from the wire formats (module docstring); step latency
-# is NCCL's per-step hwLat for a ring over NVLink; LL128's per-channel cap is NCCL's
-# perChMaxRingLL128Bw for Volta/Ampere (protocol_cost() gives other generations).
-LL = ProtocolCost("LL", 0.5, HW_LAT[Hw.NVLINK]["ring"][0])
-LL128 = ProtocolCost("LL128", 120.0 / 128.0, HW_LAT[Hw.NVLINK]["ring"][1], 20.0)
-SIMPLE = ProtocolCost("Simple", 1.0, HW_LAT[Hw.NVLINK]["ring"][2])
+# Payload bytes of one step per connection: buffer / NCCL_STEPS. Buffers (init.cc): Simple
+# DEFAULT_BUFFSIZE 4 MiB; LL 8 lines x 512 threads x 8 steps x 16-byte lines (8 data bytes each);
+# LL128 120 elems x 640 threads x 8 steps x 8 bytes (120 of every 128 bytes data).
+STEP_BYTES = {
+    "Simple": (1 << 22) / NCCL_STEPS,
+    "LL": 8 * 512 * 16 / 2,
+    "LL128": 120 * 640 * 8 * 120 / 128,
+}
+SIMPLE_SLICES_PER_CHUNK = 2  # ring ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS (collectives.h)
+
+
+def step_overhead_us(protocol: str, hw: Hw = Hw.NVLINK) -> float:
+    """A step's cost beyond the hop itself: NCCL's ring hwLat minus LL's, which is the bare hop
+    latency that cluster files already carry on their links (presets cite hwLat LL for it)."""
+    i = PROTOCOLS.index(protocol if protocol in PROTOCOLS else canonical_protocol(protocol))
+    return round(HW_LAT[hw]["ring"][i] - HW_LAT[hw]["ring"][0], 9)
+
+
+# Bare protocols: wire-format efficiency and step cost, no GPU physics (protocol_cost adds it).
+LL = ProtocolCost("LL", 0.5, 0.0)
+LL128 = ProtocolCost("LL128", 120.0 / 128.0, step_overhead_us("LL128"))
+SIMPLE = ProtocolCost("Simple", 1.0, step_overhead_us("Simple"))
 PROTOCOL_COSTS: dict[str, ProtocolCost] = {"LL": LL, "LL128": LL128, "Simple": SIMPLE}
 
 
@@ -244,20 +276,32 @@ def protocol_cost(
     link_kind: LinkKind | str = LinkKind.NVLINK,
     arch: Arch | None = None,
     nnodes: int = 1,
+    gpu: GpuPhysics | None = None,
+    algorithm: str = "ring",
 ) -> ProtocolCost:
     """The simulator's cost for `protocol` on a fabric whose GPU-GPU steps use `link_kind`.
 
-    Step latency = NCCL's ring hwLat for that hardware class; LL128's per-channel cap is NCCL's
-    perChMaxRingLL128Bw for the generation (Volta/Ampere table when unknown).
+    Step cost = NCCL's ring hwLat for that hardware class beyond LL's (`step_overhead_us`), per
+    step of STEP_BYTES. With `gpu` (cost/gpu.py): its threadblock throughput, floor and NVLink
+    efficiency, and NCCL's baseLat of `algorithm` as the per-call launch cost. `arch` and
+    `nnodes` are kept for callers; the threadblock cap comes from `gpu` alone.
     """
+    del arch, nnodes
     p = canonical_protocol(protocol)
     base = PROTOCOL_COSTS[p]
+    step = step_overhead_us(p, hw_of(link_kind))
+    cost = replace(base, step_latency_us=step, step_bytes=STEP_BYTES[p])
+    if gpu is None:
+        return cost
     i = PROTOCOLS.index(p)
-    step = HW_LAT[hw_of(link_kind)]["ring"][i]
-    cap = base.channel_cap_gbps
-    if p == "LL128":
-        cap = PER_CH_MAX_RING_LL128_BW[arch or Arch.AMPERE][nodes_class(nnodes)]
-    return replace(base, step_latency_us=step, channel_cap_gbps=cap)
+    launch = BASE_LAT[canonical_algorithm(algorithm)][i] or BASE_LAT["ring"][i]  # NVLS etc.: 0
+    return replace(
+        cost,
+        tb_gbps=gpu.tb(p),
+        launch_us=launch,
+        floor_us=gpu.floor_us.get(p, 0.0),
+        nvlink_efficiency=gpu.nvlink_efficiency,
+    )
 
 
 def nccl_latency_us(

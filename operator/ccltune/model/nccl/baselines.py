@@ -4,8 +4,8 @@ What is modeled, and where it comes from (NCCL source, v2.19 line):
 - ring (src/graph/search.cc, connect.cc, device/all_gather.h, reduce_scatter.h, all_reduce.h,
   broadcast.h): one ring per channel; all GPUs of a node in NVLink order, then on to the next node.
   Each channel enters and leaves a node next to the same NIC (NCCL_CROSS_NIC=0), so on a
-  rail-optimized fabric it stays on one rail; consecutive channels use different NICs and, without
-  an NVSwitch, different NVLink cycles (`ring_layouts`). The buffer is cut into `chunks` pipeline
+  rail-optimized fabric it stays on one rail; channel c takes the c-th NIC of NCCL's search order,
+  so a GPU with several NICs spreads channels over all of them (`ring_layouts`, `net_order`). The buffer is cut into `chunks` pipeline
   chunks per channel; consecutive chunks go to consecutive channels.
 - tree (src/graph/trees.cc, connect.cc, device/all_reduce.h runTreeUpDown): a chain through the
   GPUs of each node plus a double binary tree over nodes (the second tree mirrored for an even
@@ -40,6 +40,7 @@ from ...api.common import Collective
 from ...api.errors import InternalError
 from ..cost.protocols import NCCL_STEPS
 from ..schedule.ir import Schedule, ScheduleArrays
+from ..sim.routing import local_nets
 from ..sim.translations import Translations
 
 IN_FLIGHT = NCCL_STEPS // (NCCL_STEPS // 2)  # chunks in flight per connection (see above)
@@ -219,10 +220,12 @@ def _hamiltonian(
     return extend([0], {0})
 
 
-def _nic_groups(topo: ClusterTopology) -> list[frozenset[str]]:
-    """For each local GPU of node 0, the NICs nearest to it through its node's PCIe tree."""
+def _nic_groups(topo: ClusterTopology) -> list[tuple[str, ...]]:
+    """For each local GPU of node 0, the NICs nearest to it through its node's PCIe tree, in the
+    topology's NIC order (NCCL's net index order)."""
     node = topo.nodes[0].name
     kinds = {d.id: d.kind for d in topo.devices if d.node == node}
+    order = {d.id: i for i, d in enumerate(topo.devices)}
     nbrs: dict[str, list[str]] = {}
     for link in topo.links:
         if link.a in kinds and link.b in kinds:
@@ -245,35 +248,97 @@ def _nic_groups(topo: ClusterTopology) -> list[frozenset[str]]:
                     else:
                         nxt.append(v)
             frontier = nxt
-        out.append(frozenset(found))
+        out.append(tuple(sorted(found, key=order.__getitem__)))
+    return out
+
+
+def channel_nics(topo: ClusterTopology) -> list[tuple[str, ...]]:
+    """Per local GPU of node 0: its NIC for channel c is entry c mod len (routing.local_nets,
+    NCCL's ncclTopoGetLocalNet); empty when no NIC is near it."""
+    groups = _nic_groups(topo)
+    sharing: dict[str, int] = {}
+    for g in groups:
+        for nic in g:
+            sharing[nic] = sharing.get(nic, 0) + 1
+    return [local_nets(g, sharing[g[0]], i) if g else () for i, g in enumerate(groups)]
+
+
+def net_order(topo: ClusterTopology) -> list[tuple[str, int]]:
+    """NCCL's ring/tree search order of NICs with each NIC's local GPU (the channel's entry).
+
+    search.cc ncclTopoPrefNetsChannelFirst: GPU by GPU, each GPU's NICs in channel order;
+    channel c starts at NIC c mod count (ncclTopoSearchRecNet), from the GPU that uses that NIC
+    for the lowest channel (topo.cc ncclTopoGetLocalGpu)."""
+    choices = channel_nics(topo)
+    nets: list[str] = []
+    for per_gpu in choices:
+        nets.extend(n for n in per_gpu if n not in nets)
+    width = max((len(c) for c in choices), default=0)
+    out = []
+    for n in nets:
+        owner = next(g for c in range(width) for g, ch in enumerate(choices)
+                     if ch and ch[c % len(ch)] == n)  # fmt: skip
+        out.append((n, owner))
     return out
 
 
 def ring_layouts(topo: ClusterTopology) -> list[list[int]]:
-    """Candidate per-channel intra-node orders (local indices), most distinct first.
+    """Candidate per-channel intra-node orders (local indices); channel c uses entry c mod len.
 
-    Across nodes NCCL first keeps a channel on one NIC: the ring enters a node at a GPU next to
-    the NIC and leaves from a GPU next to the same NIC, so on a rail-optimized fabric it stays on
-    its rail. We keep the rotations of each intra-node ring whose last and first GPUs share a
-    nearest NIC, and list them exit by exit so consecutive channels use different NICs. When some
-    intra-node ring has no such rotation, keeping the NIC would cost that ring's links, and NCCL's
-    default NCCL_CROSS_NIC=2 lets rings cross NICs instead (search.cc retries with crossNic=2
-    before lowering bandwidth): every rotation is kept.
+    Across nodes NCCL keeps a channel on one NIC (NCCL_CROSS_NIC=0 first): the ring enters a node
+    at the GPU that owns the channel's NIC and leaves from a GPU near the same NIC, so on a
+    rail-optimized fabric it stays on its rail, and channel c takes the c-th NIC of NCCL's search
+    order (`net_order`), so a GPU with several NICs spreads its channels over all of them. Among
+    the rotations that fit a NIC we take the least used exit GPU, then ring. When some intra-node
+    ring has no rotation that keeps its NIC, keeping the NIC would cost that ring's links, and
+    NCCL's default NCCL_CROSS_NIC=2 lets rings cross NICs instead (search.cc retries with
+    crossNic=2 before lowering bandwidth): every rotation is kept, spread over exits.
     """
     gpn = topo.gpus_per_node
     cycles = nvlink_cycles(topo)
     rotations = [[c[(i + off) % gpn] for i in range(gpn)] for off in range(gpn) for c in cycles]
     if topo.node_count > 1 and gpn > 1:
-        groups = _nic_groups(topo)
-        good = [r for r in rotations if groups[r[-1]] & groups[r[0]]]
-        every_cycle_keeps_its_nic = all(
+        groups = [set(g) for g in _nic_groups(topo)]
+        shared = len(set(map(frozenset, groups))) < gpn  # some GPUs share their NICs
+        every_cycle_keeps_its_nic = not shared or all(
             any(groups[c[i - 1]] & groups[c[i]] for i in range(gpn)) for c in cycles
         )
-        rotations = good if good and every_cycle_keeps_its_nic else _spread(rotations)
+        per_nic = _per_nic_rotations(rotations, groups, net_order(topo))
+        if per_nic and every_cycle_keeps_its_nic:
+            return per_nic
+        rotations = _spread(rotations)
     out: list[list[int]] = []
     for r in rotations:
         if r not in out:
             out.append(r)
+    return out
+
+
+def _per_nic_rotations(
+    rotations: list[list[int]], groups: list[set[str]], nets: list[tuple[str, int]]
+) -> list[list[int]]:
+    """One rotation per NIC in search order (entry at its owner, exit near it), or [] if some NIC
+    has none."""
+    used: dict[tuple[str, object], int] = {}
+    out: list[list[int]] = []
+    for nic, owner in nets:
+        fits = [r for r in rotations if r[0] == owner and nic in groups[r[-1]]]
+        if not fits and len(set(map(frozenset, groups))) == len(groups):
+            # No GPU shares a NIC: NCCL's ring leaves through the owner's NIC by PXN (NVLink to
+            # the owner, then its NIC), so any exit will do.
+            fits = [r for r in rotations if r[0] == owner]
+        if not fits:
+            return []
+
+        def load(r: list[int]) -> tuple[int, int]:
+            ring = frozenset(zip(r, r[1:] + r[:1], strict=True))
+            return used.get(("exit", r[-1]), 0), used.get(("ring", ring), 0)
+
+        best = min(fits, key=load)
+        out.append(best)
+        used[("exit", best[-1])] = used.get(("exit", best[-1]), 0) + 1
+        ring = frozenset(zip(best, best[1:] + best[:1], strict=True))
+        used[("ring", ring)] = used.get(("ring", ring), 0) + 1
     return out
 
 

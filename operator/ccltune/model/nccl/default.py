@@ -35,6 +35,7 @@ from ...api.common import Collective, Source
 from ...api.plan import Choice, Estimate
 from ..cost.bounds import lower_bound
 from ..cost.busbw import algbw_gbps, busbw_gbps
+from ..cost.gpu import NVLINK_SM_EFFICIENCY, gpu_physics
 from ..cost.protocols import (
     MAX_THREADS,
     MAXCHANNELS,
@@ -43,9 +44,12 @@ from ..cost.protocols import (
     PER_CH_MAX_TREE_BW,
     PER_CH_MAX_TREE_LL128_BW,
     PROTOCOLS,
+    SIMPLE_SLICES_PER_CHUNK,
+    STEP_BYTES,
     THREAD_THRESHOLD,
     WARP_SIZE,
     Arch,
+    ProtocolCost,
     arch_of,
     comp_cap_of,
     ll_max_bw,
@@ -109,6 +113,11 @@ def nccl_graph(topo: ClusterTopology) -> NcclGraph:
     pcie = [bw for _, kind, bw in links if kind == LinkKind.PCIE]
     if fast and gpn > 1:
         intra_kind, ring_bw = LinkKind.NVLINK, sum(fast)
+        if nn == 1:
+            # NCCL's search books NVLink at its nominal rate (topo.h: 20 GB/s per 25 GB/s
+            # NVLink3 lane), what SM stores reach. Across nodes the NICs bound the search (below).
+            nvl = [bw for _, kind, bw in links if kind == LinkKind.NVLINK]
+            ring_bw -= sum(nvl) * (1.0 - NVLINK_SM_EFFICIENCY)
     else:
         intra_kind, ring_bw = LinkKind.PCIE, (max(pcie) if pcie else PCI_BW)
     if nn > 1:
@@ -281,6 +290,7 @@ _CHUNK_TARGET = {
     "LL128": 576_000,
     "LL": 32 * 1024,
 }  # stepSize (LL: /2, LL128: x15/16)
+_CUT_THROUGH_PIECE = 16 * 1024  # bytes: simulated piece of an LL/LL128 pipeline (a guess)
 _RING_CHUNK_STEPS = 4  # ALLREDUCE/ALLGATHER/REDUCESCATTER_CHUNKSTEPS for Simple
 
 
@@ -325,6 +335,10 @@ def simulation_shape(
         target *= _RING_CHUNK_STEPS
     if algo == "tree" and proto == "LL128":
         target = tree_ll128_chunk(size_bytes, channels, n, nnodes)
+    if proto != "Simple" and _pipelined(coll, algo):
+        # LL/LL128 forward each line as it lands (flags ride with the data), not a chunk at a
+        # time: the simulator's store-and-forward per piece approaches that with small pieces.
+        target = min(target, _CUT_THROUGH_PIECE)
     per_chunk = size_bytes / channels
     if coll in (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLTOALL) or (
         coll == Collective.ALLREDUCE and algo == "ring"
@@ -338,6 +352,39 @@ def simulation_shape(
     sim_channels = 1 if coll == Collective.ALLTOALL else max(1, min(channels, units))
     chunks = max(1, min(ideal, units // sim_channels))
     return chunks, sim_channels
+
+
+def nccl_step_bytes(
+    coll: Collective, algo: str, proto: str, size_bytes: int, channels: int, topo: ClusterTopology
+) -> float:
+    """Payload bytes NCCL moves per step (one flag/sync each) for this call.
+
+    Ring/Simple: the chunk is min(ALLREDUCE_CHUNKSTEPS steps, a channel's share per rank) and
+    is cut in SlicePerChunk = 2 slices of at least a 32nd of 2 steps (prims_simple.h genericOp:
+    sliceSize = max(divUp(nelem, 16 * SlicePerChunk) * 16, stepSize * StepPerSlice / 32)), so
+    mid sizes pay many small steps. Tree/LL128: NCCL's halved chunk. Else one buffer step.
+    """
+    n = max(topo.world_size, 1)
+    if algo == "ring" and proto == "Simple" and coll != Collective.BROADCAST:
+        slice_max = STEP_BYTES["Simple"] * 2  # ALLREDUCE_SLICESTEPS
+        chunk = min(slice_max * SIMPLE_SLICES_PER_CHUNK, size_bytes / (max(channels, 1) * n))
+        return min(max(chunk / SIMPLE_SLICES_PER_CHUNK, slice_max / 32), slice_max)
+    if algo == "tree" and proto == "LL128":
+        return float(tree_ll128_chunk(size_bytes, channels, n, topo.node_count))
+    return STEP_BYTES[proto]
+
+
+def nccl_protocol_cost(
+    coll: Collective, algo: str, proto: str, size_bytes: int, channels: int,
+    topo: ClusterTopology, g: NcclGraph | None = None,
+) -> ProtocolCost:  # fmt: skip
+    """What the simulator charges NCCL's kernels for this call: the GPU's threadblock physics
+    (cost/gpu.py), NCCL's step size for it, its launch cost (baseLat of the algorithm)."""
+    g = g or nccl_graph(topo)
+    cost = protocol_cost(proto, link_kind=g.intra_kind, gpu=gpu_physics(topo.gpu_model),
+                         algorithm="ring" if algo in ("p2p", "direct") else algo)  # fmt: skip
+    step = nccl_step_bytes(coll, algo, proto, size_bytes, channels, topo)
+    return replace(cost, step_bytes=step)
 
 
 def default_estimate(
@@ -374,11 +421,15 @@ def default_estimate(
         nnodes=topo.node_count,
     )
     sched = nccl_schedule_arrays(coll, sched_algo, topo, chunks=chunks, channels=sim_channels)
-    cost = protocol_cost(proto, link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)
-    if cost.channel_cap_gbps is not None and sim_channels < channels:
-        # Each simulated channel stands for channels / sim_channels of NCCL's, and so does its cap
-        # (else a 512-rank ring squeezed into 1 simulated channel runs at one channel's LL128 cap).
-        cost = replace(cost, channel_cap_gbps=cost.channel_cap_gbps * channels / sim_channels)
+    cost = nccl_protocol_cost(coll, algo, proto, size_bytes, channels, topo, g)
+    # NCCL's kernels run one threadblock per channel (rings and trees alike); p2p alltoall one
+    # per peer connection (tb None: one per (channel, peer)).
+    if coll != Collective.ALLTOALL:
+        sched.tb = sched.channel
+    if coll != Collective.ALLTOALL and cost.tb_gbps is not None and sim_channels < channels:
+        # Each simulated channel stands for channels / sim_channels of NCCL's threadblocks (else
+        # a 512-rank ring squeezed into 1 simulated channel runs at one threadblock's rate).
+        cost = replace(cost, tb_gbps=cost.tb_gbps * channels / sim_channels)
     # alltoall runs every flow at once: on a symmetric fabric one orbit per flow class is
     # simulated (direct_alltoall emits translates); else the batched engine handles that
     # contention far faster than the heap.

@@ -94,6 +94,11 @@ class ScheduleArrays:
     root: int = 0
     protocol: str = "Simple"
     channels: int = 1
+    # Per transfer: the threadblock id that runs it on its sender and on its receiver
+    # (sim/capacity.py caps each threadblock's throughput). NCCL's kernels: the channel; MSCCL
+    # read-back: the file's <tb id>. None = one threadblock per (channel, peer), as MSCCL's
+    # lowering assigns them.
+    tb: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.src)

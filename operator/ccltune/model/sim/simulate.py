@@ -2,16 +2,23 @@
 
 Model (units: us, bytes, GB/s = 1e3 bytes/us):
 - A transfer becomes ready when every transfer in its `deps` has finished (ir.py semantics).
-- It then waits `protocol.step_latency_us` + the latency of its path (alpha), and then its
+- It then waits alpha = `protocol.step_latency_us` x its step count (one per started
+  `protocol.step_bytes`, NCCL's buffer / NCCL_STEPS) + the latency of its path, and then its
   `count * chunk_bytes` bytes flow along the path.
 - A dep into the same destination rank only orders the receiver's work (its FIFO, or the order
   of reduces into one buffer); the bytes were already on their way (NCCL's FIFO slots), so the
   alpha overlaps: start >= finish(dep) for such deps, >= finish(dep) + alpha for the others,
   and always >= alpha (no flow before its own latency).
-- Contention: each directed channel carries `capacity * protocol.efficiency` payload GB/s, split in
+- Contention: each directed channel carries `capacity * protocol.efficiency` payload GB/s (on
+  NVLink also x `protocol.nvlink_efficiency`: SM stores reach ~80% of line rate), split in
   equal shares among the flows active on it; a flow moves at the smallest share along its path
-  (per-link equal share). When `protocol.channel_cap_gbps` is set, the flows of one threadblock
-  (same src, dst and schedule channel) also share that cap.
+  (per-link equal share).
+- Threadblocks (`protocol.tb_gbps`, cost/gpu.py): a transfer is run by a threadblock on its
+  sender and one on its receiver (the schedule's `tb`: NCCL's channel, an MSCCL file's tb; else
+  one per (channel, peer)); each side is a resource of `tb_gbps` payload shared by every
+  transfer that threadblock sends (receives). sim/capacity.py builds these resources.
+- The call costs `protocol.launch_us` (kernel launch, NCCL's baseLat) before any flow, and at
+  least `protocol.floor_us` in all.
 - Rates are recomputed whenever a flow starts or ends (a fluid model): only flows sharing a
   channel with the changed flow are touched, so a schedule without contention costs O(E log E).
 
@@ -44,6 +51,7 @@ from ...api.errors import InternalError
 from ..cost.protocols import SIMPLE, ProtocolCost
 from ..schedule.ir import Schedule, ScheduleArrays
 from .arrays import sorted_unique
+from .capacity import link_capacity, step_count, threadblock_ports, threadblocks_per_rank
 from .routing import Router
 from .symmetric_sim import Quotient, prepare_symmetric
 
@@ -80,6 +88,9 @@ class SimResult:
     # symmetric engine: per transfer, its representative (expanded only when asked: a 512-rank
     # schedule has millions of transfers and synthesis reads only time_us)
     rep_of: np.ndarray | None = field(default=None, repr=False)
+    # SMs the call occupies: the most threadblocks one rank runs (0 when threadblocks are not
+    # modelled, i.e. `protocol.tb_gbps` is None).
+    threadblocks: int = 0
 
     @property
     def start_us(self) -> np.ndarray:
@@ -106,7 +117,7 @@ class _Prepared:
     succ_idx: np.ndarray
     succ_gap: np.ndarray  # per successor edge: alpha of the successor, 0 into the same rank
     indeg: np.ndarray
-    pair: np.ndarray  # per transfer index into the unique (src, dst) pairs
+    pair: np.ndarray  # per transfer index into the unique routes (src, dst, NIC slot)
     pair_off: np.ndarray
     pair_chans: np.ndarray
     solo: np.ndarray  # per transfer: payload bytes/us when alone on its path (an upper bound)
@@ -149,24 +160,29 @@ def _prepare(
                 f"transfer {i}: dependency {int(s.dep_idx[bad[0]])} does not exist"
             )
 
-    # Unique (src, dst) pairs -> paths.
+    # Unique routes -> paths. A route is (src, dst, NIC slot): between nodes NCCL picks the NIC
+    # by channel (routing.py); the slot is 0 elsewhere, so routes stay (src, dst) pairs there.
     key = s.src.astype(np.int64) * s.nranks + s.dst
-    ukeys, pair = np.unique(key, return_inverse=True)
-    usrc, udst = ukeys // s.nranks, ukeys % s.nranks
+    period = router.nic_period
+    ukeys, pair = np.unique(key * period + router.nic_slots(s.src, s.dst, s.channel),
+                            return_inverse=True)  # fmt: skip
+    upair, uslot = ukeys // period, ukeys % period
+    usrc, udst = upair // s.nranks, upair % s.nranks
     pair_off, pair_chans, pair_lat = router.paths_csr(
-        zip(usrc.tolist(), udst.tolist(), strict=True)
+        zip(usrc.tolist(), udst.tolist(), uslot.tolist(), strict=True)
     )
+    pair_msg = router.message_us(usrc, udst)  # host-offloaded transports: per network message
     plen = np.diff(pair_off)
     width = int(plen.max())
     nch = router.nchannels
-    cap_list = [router.capacity * protocol.efficiency * 1e3]
+    cap_list = [link_capacity(router, protocol)]
+    tb_gbps = protocol.tb_gbps
+    tb_res = threadblock_ports(s) if tb_gbps is not None else None
     extra = 0
-    if protocol.channel_cap_gbps is not None:
-        tb_key = key * (int(s.channel.max()) + 1) + s.channel
-        _, tb = np.unique(tb_key, return_inverse=True)
-        extra = int(tb.max()) + 1
-        cap_list.append(np.full(extra, protocol.channel_cap_gbps * 1e3))
-        width += 1
+    if tb_gbps is not None and tb_res is not None:
+        extra = int(tb_res.max()) + 1
+        cap_list.append(np.full(extra, tb_gbps * 1e3))
+        width += 2
     pad = nch + extra
     cap = np.concatenate([*cap_list, [np.inf]])
     pair_res = np.full((len(ukeys), width), pad, dtype=np.int64)
@@ -174,8 +190,8 @@ def _prepare(
     pair_res[np.repeat(np.arange(len(ukeys)), plen), cols] = pair_chans
     # Resources as [width, n] rows: reductions over the short path axis run as vector ops.
     res = np.ascontiguousarray(pair_res.T[:, pair]).astype(np.int32)
-    if extra:
-        res[-1] = nch + tb
+    if tb_res is not None:
+        res[-2:] = nch + tb_res
 
     # Successor CSR from the dep CSR.
     deps_of = np.repeat(np.arange(n, dtype=np.int64), np.diff(s.dep_ptr))
@@ -185,12 +201,12 @@ def _prepare(
     np.cumsum(np.bincount(s.dep_idx, minlength=n), out=succ_ptr[1:])
     indeg = np.diff(s.dep_ptr).astype(np.int64)
     nbytes = s.count.astype(np.float64) * s.chunk_bytes(size_bytes)
-    alpha = protocol.step_latency_us + pair_lat[pair]
+    alpha = (protocol.step_latency_us + pair_msg[pair]) * step_count(nbytes, protocol) + pair_lat[pair]
     same_dst = s.dst[succ_idx] == s.dst[s.dep_idx[order]]
     succ_gap = np.where(same_dst, 0.0, alpha[succ_idx])
     solo = cap[pair_res].min(axis=1)[pair] if n else np.zeros(0)
-    if protocol.channel_cap_gbps is not None:
-        solo = np.minimum(solo, protocol.channel_cap_gbps * 1e3)
+    if protocol.tb_gbps is not None:
+        solo = np.minimum(solo, protocol.tb_gbps * 1e3)
     return _Prepared(
         n, nbytes, alpha, res, cap, pad, succ_ptr, succ_idx, succ_gap, indeg, pair, pair_off,
         pair_chans, solo,
@@ -208,7 +224,7 @@ def _prepare_quotient(s: ScheduleArrays, q: Quotient, size_bytes: float,
     succ_ptr = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(np.bincount(q.dep_idx, minlength=m), out=succ_ptr[1:])
     nbytes = s.count[q.reps].astype(np.float64) * s.chunk_bytes(size_bytes)
-    alpha = protocol.step_latency_us + q.alpha_path
+    alpha = (protocol.step_latency_us + q.msg_us) * step_count(nbytes, protocol) + q.alpha_path
     solo = q.cap[q.res].min(axis=0)
     empty = np.zeros(0, dtype=np.int64)
     succ_idx = succ_owner[order]
@@ -513,7 +529,8 @@ def simulate(
     p = _prepare(arrays, router, size_bytes, protocol)
     use = engine if engine != "auto" else ("batch" if p.n >= _AUTO_BATCH_MIN else "heap")
     start, finish, events = _run(p, use)
-    time_us = float(finish.max()) if p.n else 0.0
+    start, finish = start + protocol.launch_us, finish + protocol.launch_us
+    time_us = _call_time(finish, protocol)
     rank_finish = np.zeros(arrays.nranks)
     if p.n:
         np.maximum.at(rank_finish, arrays.src, finish)
@@ -528,7 +545,13 @@ def simulate(
         simulated_finish=finish,
         engine=use,
         note=note,
+        threadblocks=threadblocks_per_rank(arrays) if protocol.tb_gbps is not None else 0,
     )
+
+
+def _call_time(finish: np.ndarray, protocol: ProtocolCost) -> float:
+    """The call's time: its last finish (launch included), at least the protocol's floor."""
+    return max(float(finish.max()), protocol.floor_us) if len(finish) else 0.0
 
 
 def _run(p: _Prepared, use: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -556,7 +579,8 @@ def _simulate_quotient(
     # faster (h800-rail-64 AllGather sweep: evaluation 2.0 s -> 1.5 s).
     windowed = p.n >= _QUOTIENT_BATCH_MIN and p.succ_gap.min(initial=np.inf) > 0
     start, finish, events = _run(p, "batch" if windowed else "heap")
-    time_us = float(finish.max())
+    start, finish = start + protocol.launch_us, finish + protocol.launch_us
+    time_us = _call_time(finish, protocol)
     # Every rank is an image of every other: each finishes when the last representative does.
     return SimResult(
         time_us=time_us,
@@ -568,6 +592,7 @@ def _simulate_quotient(
         simulated_finish=finish,
         engine="symmetric",
         rep_of=q.rep_of,
+        threadblocks=threadblocks_per_rank(arrays) if protocol.tb_gbps is not None else 0,
     )
 
 

@@ -16,14 +16,16 @@ capacities within an orbit and equal latencies within a pair orbit. When one fai
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ...api.cluster import ClusterTopology
+from ...api.common import Collective
 from ..cost.protocols import ProtocolCost
 from ..schedule.ir import ScheduleArrays
 from .arrays import sorted_unique
+from .capacity import nvlink_channels
 from .routing import Router
 from .translations import Translations
 
@@ -41,6 +43,7 @@ class Quotient:
     cap: np.ndarray  # payload bytes/us per resource (inf for the pad)
     pad: int
     alpha_path: np.ndarray  # per representative: path latency (us)
+    msg_us: np.ndarray  # per representative: transport cost per network message (routing.py)
 
 
 def _layout(s: ScheduleArrays, grp: Translations) -> tuple[np.ndarray, np.ndarray] | str:
@@ -64,11 +67,76 @@ def _layout(s: ScheduleArrays, grp: Translations) -> tuple[np.ndarray, np.ndarra
             and np.array_equal(grp.add(dst0, elem), s.dst)
             and np.array_equal(s.count[base], s.count)
             and np.array_equal(s.channel[base], s.channel)
+            and (s.tb is None or np.array_equal(s.tb[base], s.tb))
             and np.array_equal(s.reduce[base], s.reduce)
         ):
             continue
         return seg * t + j, elem
     return "transfers are not N translates of one root's transfers"
+
+
+def _translate_major(s: ScheduleArrays, grp: Translations) -> np.ndarray | None:
+    """An order of the transfers as N translates of rank 0's sends (None: none exists): each
+    rank's sends grouped by what a translation keeps (peer offset, count, channel, reduce), in
+    their own order within a group. The caller re-checks every premise on the result."""
+    n, big_n = len(s), grp.n
+    if n % big_n:
+        return None
+    src = s.src.astype(np.int64)
+    feat = np.stack([grp.sub(s.dst.astype(np.int64), src), s.count.astype(np.int64),
+                     s.channel.astype(np.int64), s.reduce.astype(np.int64),
+                     *_chunk_place(s, grp, src)], axis=1)  # fmt: skip
+    _, fid = np.unique(feat, axis=0, return_inverse=True)
+    fid = fid.reshape(-1)
+    order = np.lexsort((np.arange(n), fid, src))
+    if (np.bincount(src, minlength=big_n) != n // big_n).any():
+        return None
+    rows = fid[order].reshape(big_n, -1)
+    if not (rows == rows[0]).all():
+        return None
+    if s.tb is not None:
+        # Threadblock ids are per file (not translates of each other): relabel each by its
+        # rank-0 counterpart where that is one-to-one on every rank, else give up.
+        tb = s.tb[order].astype(np.int64).reshape(big_n, -1)
+        m = int(tb.max()) + 1
+        block = np.arange(big_n, dtype=np.int64)[:, None] * m
+        if not (len(np.unique(tb * m + tb[0])) == len(np.unique(tb))
+                == len(np.unique(block + tb[0])) == len(np.unique(block + tb))):  # fmt: skip
+            return None
+    return order
+
+
+def _chunk_place(s: ScheduleArrays, grp: Translations, src: np.ndarray) -> list[np.ndarray]:
+    """What a translation keeps of each transfer's chunk (ir.py's chunk spaces): the ranks it
+    belongs to, relative to the sender, and its index within theirs."""
+    c, n = s.chunk.astype(np.int64), grp.n
+    if s.collective == Collective.ALLTOALL:
+        per = s.chunks_per_rank
+        pair, j = c // per, c % per
+        return [grp.sub(pair // n, src), grp.sub(pair % n, src), j]
+    if s.collective in (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE):
+        per = s.total_chunks // n  # allreduce: the buffer's N parts (synth/assemble.allreduce)
+        if per >= 1 and s.total_chunks % n == 0:
+            return [grp.sub(c // per, src), c % per]
+    return [c]
+
+
+def _permuted(s: ScheduleArrays, perm: np.ndarray) -> ScheduleArrays:
+    """`s` with transfer k the old perm[k] (deps renumbered, threadblocks relabeled)."""
+    n = len(s)
+    inv = np.empty(n, dtype=np.int64)
+    inv[perm] = np.arange(n, dtype=np.int64)
+    lens = np.diff(s.dep_ptr)[perm]
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=ptr[1:])
+    pos = np.repeat(s.dep_ptr[:-1][perm] - ptr[:-1], lens) + np.arange(ptr[-1], dtype=np.int64)
+    tb = None
+    if s.tb is not None:
+        t = s.tb[perm].reshape(s.nranks, -1)
+        tb = np.tile(t[0], s.nranks).astype(s.tb.dtype)
+    return replace(s, src=s.src[perm], dst=s.dst[perm], chunk=s.chunk[perm], count=s.count[perm],
+                   reduce=s.reduce[perm], channel=s.channel[perm], dep_ptr=ptr,
+                   dep_idx=inv[s.dep_idx[pos]], tb=tb)  # fmt: skip
 
 
 def _quotient_deps(
@@ -101,12 +169,15 @@ def _quotient_deps(
 
 def _generator_map(
     ukeys: np.ndarray, off: np.ndarray, chans: np.ndarray, lat: np.ndarray, grp: Translations,
-    step: np.ndarray,
+    step: np.ndarray, period: int,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """Channel -> channel under translation by `step`, if routes commute with it."""
-    usrc, udst = ukeys // grp.n, ukeys % grp.n
+    """Channel -> channel under translation by `step`, if routes commute with it.
+
+    Route keys are (src * N + dst) * period + NIC slot; a translate keeps its slot (channel)."""
+    upair, slot = ukeys // period, ukeys % period
+    usrc, udst = upair // grp.n, upair % grp.n
     one = np.full_like(usrc, grp.rank(step))
-    img = grp.add(usrc, one) * grp.n + grp.add(udst, one)
+    img = (grp.add(usrc, one) * grp.n + grp.add(udst, one)) * period + slot
     pos = np.minimum(np.searchsorted(ukeys, img), len(ukeys) - 1)
     plen = np.diff(off)
     if not np.array_equal(ukeys[pos], img) or not np.array_equal(plen[pos], plen):
@@ -123,19 +194,29 @@ def _generator_map(
     return fs[first], ts[first]
 
 
+def route_keys(s: ScheduleArrays, router: Router, n: int) -> np.ndarray:
+    """Per transfer: (src * n + dst) * nic_period + NIC slot (routing.py: NCCL's NIC per channel)."""
+    pairs = s.src.astype(np.int64) * n + s.dst
+    return pairs * router.nic_period + router.nic_slots(s.src, s.dst, s.channel)
+
+
 def _channel_orbits(
     s: ScheduleArrays, router: Router, grp: Translations
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Steps of the largest translation subgroup H the routes commute with, and for every pair
     the schedule uses: its key, path CSR, latency; channel orbit ids under H (-1 untouched)."""
-    pairs = s.src.astype(np.int64) * grp.n + s.dst
-    if grp.n <= 4096:  # a count per (src, dst) beats sorting millions of transfers
-        ukeys = np.flatnonzero(np.bincount(pairs, minlength=grp.n * grp.n))
+    period = router.nic_period
+    routes = route_keys(s, router, grp.n)
+    span = grp.n * grp.n * period
+    if span <= 4096 * 4096:  # a count per route beats sorting millions of transfers
+        ukeys = np.flatnonzero(np.bincount(routes, minlength=span))
     else:
-        ukeys = sorted_unique(pairs)
+        ukeys = sorted_unique(routes)
+    upair = ukeys // period
     off, chans, lat = router.paths_csr(
-        zip((ukeys // grp.n).tolist(), (ukeys % grp.n).tolist(), strict=True)
-    )
+        zip((upair // grp.n).tolist(), (upair % grp.n).tolist(), (ukeys % period).tolist(),
+            strict=True)
+    )  # fmt: skip
     parent = np.arange(router.nchannels)
 
     def find(x: int) -> int:
@@ -149,7 +230,7 @@ def _channel_orbits(
         for m in (m for m in range(1, size + 1) if size % m == 0):
             step = np.zeros(len(grp.sizes), dtype=np.int64)
             step[d] = m % size
-            got = _generator_map(ukeys, off, chans, lat, grp, step) if m < size else None
+            got = _generator_map(ukeys, off, chans, lat, grp, step, period) if m < size else None
             if got is not None or m == size:
                 steps[d] = m
                 break
@@ -177,8 +258,10 @@ class _Structure:
     dep_same_dst: np.ndarray
     links: np.ndarray  # [width, len(reps)] orbit ids, padded with norb
     orbit_cap: np.ndarray  # GB/s of one orbit resource: link capacity * |O| / |H|
-    tb: np.ndarray  # per representative: its threadblock class
+    orbit_nvlink: np.ndarray  # per orbit: are its links NVLink (simulate.link_capacity)
+    tb: np.ndarray  # [2, reps]: sending and receiving threadblock class
     lat: np.ndarray
+    msg_us: np.ndarray
 
 
 _CACHE: dict[tuple[int, int], tuple[ScheduleArrays, Router, _Structure | str]] = {}
@@ -203,20 +286,23 @@ def prepare_symmetric(
         return st
     norb = len(st.orbit_cap)
     cap = st.orbit_cap * protocol.efficiency * 1e3
-    tb_cap = protocol.channel_cap_gbps
+    if protocol.nvlink_efficiency != 1.0:
+        cap = np.where(st.orbit_nvlink, cap * protocol.nvlink_efficiency, cap)
+    tb_cap = protocol.tb_gbps
     extra = 0 if tb_cap is None else int(st.tb.max()) + 1
     pad = norb + extra
     res = np.where(st.links == norb, pad, st.links).astype(np.int32)
     if tb_cap is not None:
-        # A threadblock (src, dst, channel) hosts the images under H of the representatives of
-        # its class; its cap is not scaled.
+        # A threadblock side (rank, tb) and its images under H form an orbit of |H| sides, each
+        # carrying one image of every representative of its class: its cap is not scaled.
         cap = np.concatenate([cap, np.full(extra, tb_cap * 1e3)])
-        res = np.concatenate([res, (norb + st.tb)[None, :].astype(np.int32)])
+        res = np.concatenate([res, (norb + st.tb).astype(np.int32)])
     return Quotient(st.reps, st.rep_of, st.dep_ptr, st.dep_idx, st.dep_same_dst, res,
-                    np.concatenate([cap, [np.inf]]), pad, st.lat)  # fmt: skip
+                    np.concatenate([cap, [np.inf]]), pad, st.lat, st.msg_us)  # fmt: skip
 
 
-def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router) -> _Structure | str:
+def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router,
+               reorder: bool = True) -> _Structure | str:  # fmt: skip
     if topo.dimensions is None:
         return "the fabric is not symmetric"
     grp = Translations([d.size for d in topo.dimensions])
@@ -228,7 +314,18 @@ def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router) -> _Str
         return "a transfer has an invalid rank"
     got = _layout(s, grp)
     if isinstance(got, str):
-        return got
+        # Not in N-translates order (a file read back lists each gpu's steps in turn): put it
+        # in that order and check every premise again on the reordered arrays.
+        perm = _translate_major(s, grp) if reorder else None
+        if perm is None:
+            return got
+        st = _structure(_permuted(s, perm), topo, router, reorder=False)
+        if isinstance(st, str):
+            return st
+        rep_of = np.empty_like(st.rep_of)
+        rep_of[perm] = st.rep_of
+        st.reps, st.rep_of = perm[st.reps], rep_of
+        return st
     rep, elem = got
     nrep = len(s) // grp.n
     deps = _quotient_deps(s, rep, elem, nrep, grp)
@@ -268,18 +365,32 @@ def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router) -> _Str
         return "links of one orbit differ in capacity"
     reps = np.flatnonzero(is_rep)
     reps = reps[np.argsort(qrep[reps])]
-    pidx = np.searchsorted(ukeys, s.src[reps].astype(np.int64) * grp.n + s.dst[reps])
+    pidx = np.searchsorted(ukeys, route_keys(s, router, grp.n)[reps])
     plen = np.diff(off)
     width = int(plen[pidx].max())
     links = np.full((width, len(reps)), norb, dtype=np.int32)
     for k in range(width):
         has = plen[pidx] > k
         links[k, has] = orbit[chans[off[pidx[has]] + k]]
-    # Threadblock class: (src's coset, dst moved by the same h, channel) is H-invariant.
-    src = s.src[reps].astype(np.int64)
-    sc = grp.coords(src)
-    h = grp.rank(sc - sc % steps)
-    tb_key = (grp.rank(sc % steps) * grp.n + grp.sub(s.dst[reps].astype(np.int64), h)) * (
-        int(s.channel.max()) + 1) + s.channel[reps]
-    _, tb = np.unique(tb_key, return_inverse=True)
-    return _Structure(reps, qrep, dep_ptr, q_dep, ~pays, links, ocap_min * size / h_size, tb, lat[pidx])
+    # Threadblock side classes: (rank's coset of H, threadblock) for the sender and the receiver;
+    # without `tb` a threadblock is (channel, peer), the peer taken relative to the rank.
+    src, dst = s.src[reps].astype(np.int64), s.dst[reps].astype(np.int64)
+    if s.tb is None:
+        ch = s.channel[reps].astype(np.int64)
+        send_local, recv_local = ch * grp.n + grp.sub(dst, src), ch * grp.n + grp.sub(src, dst)
+    else:
+        send_local = recv_local = s.tb[reps].astype(np.int64)
+    span = int(max(send_local.max(), recv_local.max())) + 1
+    sides = [grp.rank(grp.coords(r) % steps) for r in (src, dst)]
+    keys = np.concatenate([sides[0] * span + send_local, (ncos + sides[1]) * span + recv_local])
+    _, tb = np.unique(keys, return_inverse=True)
+    tb = tb.reshape(2, len(reps))
+    nvl = nvlink_channels(router)
+    on_nvl = np.zeros(norb, dtype=bool)
+    off_nvl = np.zeros(norb, dtype=bool)
+    np.logical_or.at(on_nvl, orbit[used], nvl[used])
+    np.logical_or.at(off_nvl, orbit[used], ~nvl[used])
+    if (on_nvl & off_nvl).any():
+        return "links of one orbit differ in kind"
+    return _Structure(reps, qrep, dep_ptr, q_dep, ~pays, links, ocap_min * size / h_size, on_nvl,
+                      tb, lat[pidx], router.message_us(s.src[reps], s.dst[reps]))  # fmt: skip

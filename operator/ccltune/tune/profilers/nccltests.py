@@ -116,19 +116,23 @@ def parse_log(text: str, name: str = "<stdout>") -> NcclTestsLog:
     return log
 
 
-_RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)\s.*?\bon\s+(\S+)\s+device\b")
+_RANK_LINE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+(-?\d+)\s+)?.*?\bon\s+(\S+)\s+device\b")
 
 
 def log_shape(text: str) -> tuple[int, int] | None:
-    """(ranks, nodes) from nccl-tests' '#  Rank  N Group  0 Pid  P on HOST device D' lines."""
-    hosts: dict[int, str] = {}
+    """(ranks, nodes) from nccl-tests' '#  Rank  N Group  G Pid  P on HOST device D' lines: of
+    rank 0's group, since a split run (NCCL_TESTS_SPLIT) lists every rank with its group (color)
+    and measures one communicator per group (src/util.cu writeDeviceReport)."""
+    ranks: dict[int, tuple[str, str]] = {}
     for raw in text.splitlines():
         m = _RANK_LINE.match(_MPI_TAG.sub("", raw.strip(), count=1).strip())
         if m:
-            hosts[int(m.group(1))] = m.group(2)
-    if not hosts:
+            ranks[int(m.group(1))] = (m.group(2) or "0", m.group(3))
+    if not ranks:
         return None
-    return len(hosts), len(set(hosts.values()))
+    first = ranks[min(ranks)][0]
+    hosts = [host for group, host in ranks.values() if group == first]
+    return len(hosts), len(set(hosts))
 
 
 def log_collective(filename: str) -> Collective | None:

@@ -8,6 +8,9 @@ Sources (Azure/msccl-executor-nccl c6f6b36, as vendored by the conformance kit):
 - src/include/msccl/msccl_parser.h: MAX_NODES 4096 XML nodes per parse; the parse for one rank
   holds <algo>, every <gpu> and that rank's <tb> and <step> nodes (other ranks' are skipped).
   MAX_SUBS 1024 children per node, so at most 1024 <gpu>s.
+- src/include/device.h NCCL_STEPS 8 (slots of a connection's FIFO), msccl_struct.h
+  MSCCL_CHUNKSTEPS (NCCL_STEPS/2 = 4 slots per Simple chunk call; formats/msccl/executor.py):
+  at the largest sizes (one chunk per call) a FIFO holds 2 Simple chunks before a send blocks.
 - src/misc/msccl/msccl_parser.cc: sizeMultiplier = ngpus for allgather, reducescatter, alltoall,
   else 1; msccl_lifecycle.cc mscclInternalSchedulerSelectAlgo runs a file for a call of `count`
   elements only when (count x sizeMultiplier) % nchunksperloop == 0 and
@@ -25,6 +28,7 @@ MAX_THREADBLOCKS = MAX_TB_PER_CHANNEL * MAX_CHANNELS
 MAX_COUNT = 71
 MAX_XML_NODES = 4096
 MAX_GPUS = 1024
+FIFO_CHUNKS = 2  # chunks a connection takes before a send blocks, in the worst case (Simple)
 
 # Element sizes a framework calls with: fp8/int8, bf16/fp16, fp32. A file must be selected for
 # each (fp64 collectives are rare in training and would halve the chunk counts that fit).
@@ -80,7 +84,7 @@ def first_selected(coll: Collective | str, nranks: int, chunks_per_loop: int, lo
 
 
 __all__ = [
-    "ELEMENT_BYTES", "MAX_CHANNELS", "MAX_COUNT", "MAX_GPUS", "MAX_STEPS", "MAX_TB_PER_CHANNEL",
+    "ELEMENT_BYTES", "FIFO_CHUNKS", "MAX_CHANNELS", "MAX_COUNT", "MAX_GPUS", "MAX_STEPS", "MAX_TB_PER_CHANNEL",
     "MAX_THREADBLOCKS", "MAX_XML_NODES", "callable_sizes", "first_selected", "selected",
     "size_multiplier", "xml_nodes",
 ]  # fmt: skip

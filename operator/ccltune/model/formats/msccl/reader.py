@@ -9,12 +9,17 @@ place and in place as the file claims.
 The result is a Schedule whose transfers are the file's sends (one per run of consecutive
 chunks), timed by what the executor waits for: a transfer starts after the receives that precede
 its send and its receive, never after the sends before it (a send only fills a FIFO slot).
+`read_msccl` also keeps each transfer's threadblocks and steps (`ReadBack`), which the runtime's
+slicing needs (slicing.py).
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
 
 from ....api.common import Collective
 from ...schedule.check import ScheduleError, topological_order
@@ -44,8 +49,31 @@ STEP_TYPES = SEND_TYPES | RECV_TYPES | {"cpy", "re", "nop"}
 _COLLS = {c.value: c for c in Collective}
 
 
+@dataclass(frozen=True, slots=True)
+class ReadBack:
+    """An algorithm as read back: its Schedule and, per transfer, the threadblocks that run it.
+
+    Transfer i is sent by step `send_step[i]` of threadblock `send_tb[i]` on its src gpu and
+    received by step `recv_step[i]` of `recv_tb[i]` on its dst gpu (gpu-local ids, as in the
+    file). The runtime slices by `chunks_per_loop` (msccl_setup.cc sizePerMscclChunk).
+    """
+
+    schedule: Schedule
+    chunks_per_loop: int
+    send_tb: np.ndarray  # int32
+    recv_tb: np.ndarray
+    send_step: np.ndarray
+    recv_step: np.ndarray
+    threadblocks: np.ndarray  # per gpu
+
+
 def from_msccl_xml(text: str) -> Schedule:
     """Read, run and prove an MSCCL algorithm; return it as a Schedule (MscclFormatError if not)."""
+    return read_msccl(text).schedule
+
+
+def read_msccl(text: str) -> ReadBack:
+    """Read, run and prove an MSCCL algorithm, keeping each transfer's threadblocks."""
     attrs, sizes, tbs = _parse(text)
     proto = attrs["proto"]
     coll = _COLLS[attrs["coll"]]
@@ -65,8 +93,8 @@ def from_msccl_xml(text: str) -> Schedule:
     for inplace, claim in ((False, "outofplace"), (True, "inplace")):
         if int(attrs[claim]):
             sent, combined = prove(prog, order, before, lay, inplace)
-    transfers = _transfers(prog, order, preds, before, sent, combined)
-    return Schedule(
+    transfers, ends = _transfers(prog, order, preds, before, sent, combined)
+    sched = Schedule(
         name=attrs["name"],
         collective=coll,
         nranks=n,
@@ -76,6 +104,16 @@ def from_msccl_xml(text: str) -> Schedule:
         protocol=proto,
         channels=int(attrs["nchannels"]),
     )
+
+    def column(values: Iterator[int]) -> np.ndarray:
+        return np.fromiter(values, dtype=np.int32, count=len(ends))
+
+    return ReadBack(
+        sched, int(attrs["nchunksperloop"]),
+        column(x.tb for x, _ in ends), column(rx.tb for _, rx in ends),
+        column(x.idx for x, _ in ends), column(rx.idx for _, rx in ends),
+        np.array([len(g) for g in tbs], dtype=np.int32),
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- parsing
@@ -269,8 +307,9 @@ def _transfers(
     before: Callable[[int, int], bool],
     sent: dict[int, list[Value]],
     combined: set[int],
-) -> list[Transfer]:
-    """One transfer per run of consecutive chunks of each send, in completion order.
+) -> tuple[list[Transfer], list[tuple[XStep, XStep]]]:
+    """One transfer per run of consecutive chunks of each send, in completion order, with the
+    (send, receive) steps of each.
 
     Dependencies are the nearest receives before the send or before its receive (what the
     executor really waits for). The nearest earlier sends are added too where that cannot
@@ -318,7 +357,7 @@ def _transfers(
             Transfer(x.gpu, x.send, k, cnt, red, tuple(sorted(deps[i] - {i})), x.chan)
             for i, (x, k, cnt, red) in enumerate(raw)
         ]
-    return out
+    return out, [(x, prog.receiver_of[x.uid]) for x, _, _, _ in raw]
 
 
 def _consecutive(chunks: list[int]) -> Iterator[tuple[int, int]]:
@@ -329,4 +368,4 @@ def _consecutive(chunks: list[int]) -> Iterator[tuple[int, int]]:
             start = i
 
 
-__all__ = ["MscclFormatError", "from_msccl_xml"]
+__all__ = ["MscclFormatError", "ReadBack", "from_msccl_xml", "read_msccl"]

@@ -1,0 +1,231 @@
+"""How msccl-executor-nccl slices a call: iterations, slice bytes, and the sliced schedule.
+
+The runtime (Azure/msccl-executor-nccl c6f6b36, src/device/msccl_kernel.cu mscclRunInterpreter)
+splits every MSCCL chunk, `size / nchunksperloop` bytes (msccl_setup.cc: work.count is the
+whole collective's count, sizePerMscclChunk = count / nChunksPerLoop), into slices of
+`chunkSize` bytes and runs ALL of a threadblock's steps once per slice (the `gridOffset` loop):
+
+    chunkSize = buffSize / NCCL_STEPS x (MSCCL_CHUNKSTEPS = 4 for Simple, 1 otherwise)
+              = Simple 2 MiB; LL 32 KiB (half of a 64 KiB step is flags);
+                LL128 576000 B (15 of 16 words of a 614400 B step)
+    iterations = ceil(sizePerMscclChunk / chunkSize); the last moves the remainder.
+
+Default buffer sizes from src/init.cc DEFAULT_BUFFSIZE (4 MiB), DEFAULT_LL_BUFFSIZE (8 lines x
+512 threads x 8 steps x 16 B), DEFAULT_LL128_BUFFSIZE (120 x 640 x 8 x 8 B). Dependency flags
+carry the iteration (COMPUTE_FLAG(workIndex, iter, step)): a step waits for its dependency's
+step of the SAME iteration. Within an iteration a step of `cnt` chunks makes
+ceil(cnt / maxAllowedCount) primitive calls (msccl_setup.cc mscclSetupCount).
+
+`expand` turns a read-back schedule into the schedule of `k` iterations: every transfer once
+per iteration, moving its chunks' slice, with
+- the file's dependencies inside each iteration;
+- program order across iterations: a threadblock starts iteration j after finishing j-1, so
+  each of its sends waits for its last send and its last receive of iteration j-1;
+- FIFO room: a connection holds NCCL_STEPS = 8 slots and a primitive call takes 4 (Simple) or
+  1 (LL, LL128), so a send can run at most 8 // slots-per-iteration iterations ahead of what
+  its receiver has taken.
+Each sliced transfer pays the simulator's per-step cost. Transfer counts of the result are in
+bytes: simulate it at `unit_size(arrays)`, where one chunk is one byte. `structure` (what the
+size does not change) and `with_slices` (the bytes) split `expand` so callers can cache the first.
+
+Long calls (1 GiB under LL is 4096 iterations x every step) are not expanded in full:
+`extrapolate` takes two runs of K and K/2 iterations and adds the steady per-iteration time of
+the difference for the rest (tested against the full expansion in
+tests/model/test_model_msccl_slicing.py). K is 16, less for files so large that K copies would
+exceed MAX_EXPANDED transfers (at least 2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ....api.common import Collective
+from ...schedule.ir import ScheduleArrays
+from .executor import CHUNK_SLOTS, MAX_ALLOWED_COUNT, NCCL_STEPS
+from .reader import ReadBack
+
+# Bytes of one chunk each iteration moves (device chunkSize, see the module docstring).
+SLICE_BYTES = {
+    "Simple": (1 << 22) // NCCL_STEPS * 4,
+    "LL": (8 * 512 * NCCL_STEPS * 16) // NCCL_STEPS // 2,
+    "LL128": (120 * 640 * NCCL_STEPS * 8) // NCCL_STEPS * 15 // 16,
+}
+# Host chunk steps behind maxAllowedCount (msccl_parser.cc: BROADCAST/REDUCE_CHUNKSTEPS 1,
+# the others NCCL_STEPS/2); LL and LL128 always 1.
+_HOST_CHUNK_STEPS = {Collective.BROADCAST: 1}
+# Iterations simulated in full before extrapolating (K); K/2 gives the slope. K shrinks for
+# large files so that a run stays within MAX_EXPANDED transfers (a 64-rank file has ~10^5).
+MAX_ITERATIONS = 16
+MAX_EXPANDED = 200_000
+
+
+@dataclass(frozen=True, slots=True)
+class Slicing:
+    """What the runtime does with one call of `size_bytes` (nccl-tests' size)."""
+
+    protocol: str
+    chunk_bytes: float  # one MSCCL chunk: size / nchunksperloop
+    slice_bytes: int  # bytes of a chunk one iteration moves
+    iterations: int  # trips of the gridOffset loop
+    last_bytes: float  # bytes of a chunk the last iteration moves
+    max_allowed_count: int  # chunks one primitive call moves
+
+    def calls(self, cnt: int) -> int:
+        """Primitive calls of a step of `cnt` chunks, in each iteration."""
+        return -(-cnt // self.max_allowed_count)
+
+
+def slicing(protocol: str, size_bytes: float, chunks_per_loop: int,
+            collective: Collective | str = Collective.ALLREDUCE) -> Slicing:  # fmt: skip
+    """The executor's slicing of a call of `size_bytes` with this file's `nchunksperloop`."""
+    if protocol not in SLICE_BYTES:
+        raise ValueError(f"protocol {protocol!r} is not one of {', '.join(SLICE_BYTES)}")
+    if not size_bytes > 0 or chunks_per_loop < 1:
+        raise ValueError(f"size {size_bytes} and nchunksperloop {chunks_per_loop} must be positive")
+    chunk = size_bytes / chunks_per_loop
+    slice_bytes = SLICE_BYTES[protocol]
+    iterations = max(1, math.ceil(chunk / slice_bytes))
+    last = chunk - (iterations - 1) * slice_bytes
+    effective = slice_bytes
+    if protocol == "Simple":
+        effective = slice_bytes // 4 * _HOST_CHUNK_STEPS.get(Collective(collective), 4)
+    allowed = max(1, int(effective // math.ceil(chunk)))
+    return Slicing(protocol, chunk, slice_bytes, iterations, last, min(allowed, MAX_ALLOWED_COUNT))
+
+
+def iterations_to_simulate(sl: Slicing, transfers: int = 0,
+                           k_max: int = MAX_ITERATIONS) -> tuple[int, ...]:  # fmt: skip
+    """Iteration counts to expand: all of them, or (K, K/2) to extrapolate from. K shrinks
+    (down to 2) so that K x `transfers` stays within MAX_EXPANDED transfers."""
+    if transfers:
+        k_max = max(2, min(k_max, MAX_EXPANDED // transfers))
+    if sl.iterations <= k_max:
+        return (sl.iterations,)
+    return (k_max, k_max // 2)
+
+
+def extrapolate(times_us: tuple[float, ...], ks: tuple[int, ...], iterations: int) -> float:
+    """The call's time from runs of ks iterations (see `iterations_to_simulate`)."""
+    if len(ks) == 1:
+        return times_us[0]
+    (ta, tb), (ka, kb) = times_us, ks
+    slope = max(ta - tb, 0.0) / (ka - kb)
+    return ta + (iterations - ka) * slope
+
+
+def unit_size(arrays: ScheduleArrays) -> float:
+    """The size at which one chunk of `arrays` is one byte (expanded counts are bytes)."""
+    return 1.0 / arrays.chunk_bytes(1.0)
+
+
+def expand(rb: ReadBack, sl: Slicing, k: int) -> ScheduleArrays:
+    """The read-back schedule run for `k` iterations: the first k-1 move full slices, the last
+    `sl.last_bytes` per chunk. Transfer j*n + i is transfer i of iteration j."""
+    return with_slices(structure(rb, sl, k), rb, sl)
+
+
+def with_slices(shape: ScheduleArrays, rb: ReadBack, sl: Slicing) -> ScheduleArrays:
+    """`shape` (from `structure`) with the bytes `sl` moves per transfer and iteration."""
+    n = len(rb.schedule.transfers)
+    k = len(shape) // max(n, 1)
+    its = np.arange(k, dtype=np.int64)
+    per_chunk = np.where(its < k - 1, float(sl.slice_bytes), sl.last_bytes)
+    base_count = np.fromiter((t.count for t in rb.schedule.transfers), dtype=np.float64, count=n)
+    count = np.maximum(np.rint(per_chunk[:, None] * base_count[None, :]), 1.0)
+    return replace(shape, count=count.reshape(-1).astype(np.int32))
+
+
+def structure(rb: ReadBack, sl: Slicing, k: int) -> ScheduleArrays:
+    """The k-iteration schedule's transfers and dependencies (counts: the file's own); it
+    depends on the size only through `sl.protocol` and `sl.max_allowed_count`."""
+    base = ScheduleArrays.from_schedule(rb.schedule)
+    n = len(base)
+    if k < 1:
+        raise ValueError(f"k={k} iterations: at least 1")
+    nranks = base.nranks
+    tb_base = np.concatenate([[0], np.cumsum(rb.threadblocks)]).astype(np.int64)
+    send_tb = tb_base[base.src] + rb.send_tb  # ids unique across gpus
+    recv_tb = tb_base[base.dst] + rb.recv_tb
+    ntb = int(tb_base[-1])
+
+    # Last send and last receive of every threadblock in one iteration (-1: none).
+    last_send = _last_by(send_tb, rb.send_step, ntb)
+    last_recv = _last_by(recv_tb, rb.recv_step, ntb)
+    prev = np.stack([last_send[send_tb], last_recv[send_tb]], axis=1)  # per transfer, 2 cols
+    # FIFO depth in iterations per connection (src, dst, chan).
+    conn = (base.src.astype(np.int64) * nranks + base.dst) * (
+        int(base.channel.max()) + 1
+    ) + base.channel
+    _, conn_id = np.unique(conn, return_inverse=True)
+    slots = CHUNK_SLOTS[sl.protocol] * np.fromiter(
+        (sl.calls(int(c)) for c in base.count), dtype=np.int64, count=n
+    )
+    per_conn = np.bincount(conn_id, weights=slots).astype(np.int64)
+    depth = np.maximum(1, NCCL_STEPS // np.maximum(per_conn, 1))[conn_id]
+
+    own = np.diff(base.dep_ptr)
+    rows: list[np.ndarray] = []  # per iteration: (owner, dep) edge pairs, global ids
+    owner0 = np.repeat(np.arange(n, dtype=np.int64), own)
+    for j in range(k):
+        off = j * n
+        parts = [np.stack([owner0 + off, base.dep_idx + off], axis=1)]
+        if j:
+            for col in range(2):
+                has = prev[:, col] >= 0
+                parts.append(np.stack([np.flatnonzero(has) + off,
+                                       prev[has, col] + off - n], axis=1))  # fmt: skip
+        fifo = np.flatnonzero(depth <= j) if j else np.zeros(0, dtype=np.int64)
+        if len(fifo):
+            parts.append(np.stack([fifo + off, fifo + off - depth[fifo] * n], axis=1))
+        rows.append(np.concatenate(parts))
+    edges = np.concatenate(rows)
+    key = np.unique(edges[:, 0] * (n * k) + edges[:, 1])
+    owner, dep = key // (n * k), key % (n * k)
+    ptr = np.zeros(n * k + 1, dtype=np.int64)
+    np.cumsum(np.bincount(owner, minlength=n * k), out=ptr[1:])
+    out = ScheduleArrays(
+        name=f"{base.name} x{k} slices",
+        collective=base.collective,
+        nranks=nranks,
+        chunks_per_rank=base.chunks_per_rank,
+        src=np.tile(base.src, k),
+        dst=np.tile(base.dst, k),
+        chunk=np.tile(base.chunk, k),
+        count=np.tile(base.count, k),
+        reduce=np.tile(base.reduce, k),
+        channel=np.tile(base.channel, k),
+        dep_ptr=ptr,
+        dep_idx=dep.astype(np.int64),
+        root=base.root,
+        protocol=base.protocol,
+        channels=base.channels,
+    )
+    if hasattr(out, "tb"):  # the simulator's per-threadblock resources (sim/capacity.py)
+        # A threadblock sends on one connection (src, dst, chan) and receives on one, and a
+        # connection has one threadblock at each end (reader.py refuses two): the connection
+        # names both the sending threadblock, as (src, tb), and the receiving one, as (dst, tb).
+        out.tb = np.tile(conn_id, k).astype(np.int32)
+    return out
+
+
+def threadblocks(rb: ReadBack) -> int:
+    """Threadblocks the file launches on its busiest gpu (the executor's grid size)."""
+    return int(rb.threadblocks.max()) if len(rb.threadblocks) else 0
+
+
+def _last_by(group: np.ndarray, position: np.ndarray, ngroups: int) -> np.ndarray:
+    """Per group: the index of its member with the largest position, -1 when empty."""
+    out = np.full(ngroups, -1, dtype=np.int64)
+    if len(group):
+        order = np.lexsort((position, group))
+        last = np.flatnonzero(np.r_[group[order][1:] != group[order][:-1], True])
+        out[group[order][last]] = order[last]
+    return out
+
+
+__all__ = ["MAX_EXPANDED", "MAX_ITERATIONS", "SLICE_BYTES", "Slicing", "expand", "extrapolate",
+           "iterations_to_simulate", "slicing", "structure", "threadblocks", "unit_size",
+           "with_slices"]  # fmt: skip
