@@ -390,9 +390,18 @@ def synth_step(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask, index:
     if not done.symmetric:
         notes.append("synthesis: asymmetric communicator, NCCL kept (see the note above)")
     top = estimates[-1].choice if estimates and estimates[-1].choice else task.chosen
+    renamed: dict[str, str] = {}  # old published path -> the path naming the narrowed range
     for name, got in claimed.items():
         if name in sizes_of and set(got) <= set(sizes_of[name]):
-            xml[name] = _narrowed(xml[name], sizes_of[name], sorted(got))
+            text = _narrowed(xml[name], sizes_of[name], sorted(got))
+            if text != xml[name] and (new := _range_named(name, text)) != name:
+                renamed[path_of[name]] = f"{MSCCL_DIR}/t{index}-{new}"
+            xml[name] = text
+    if renamed:
+        estimates = [_repointed(e, renamed) for e in estimates]
+        top = estimates[-1].choice if estimates and estimates[-1].choice else top
+        used = {renamed.get(p, p) for p in used}
+        path_of = {n: renamed.get(p, p) for n, p in path_of.items()}
     files = [plan_file(p, xml[name]) for name, p in path_of.items() if p in used]
     return task.model_copy(update={
         "chosen_estimates": estimates, "chosen": top, "notes": notes,
@@ -425,6 +434,27 @@ def _measured_variants(task: PlanTask, xml: dict[str, str], path_of: dict[str, s
     notes += [f"measured MSCCL variant {what} at {', '.join(format_size(s) for s in sizes)}; NCCL's default is "
               "reported there (the tuner row for the range still applies)" for what, sizes in lost.items()]
     return found
+
+
+_RANGE_NAME = re.compile(r"^(?P<head>[a-z]+-\d+r)-[^-]+-[^-]+-(?P<proto>[A-Za-z0-9]+)\.xml$")
+
+
+def _range_named(name: str, text: str) -> str:
+    """A synthesized file's name with the range it is selected for after narrowing (names the
+    engine gave: `<coll>-<n>r-<lo>-<end>-<proto>.xml`; any other name is kept)."""
+    m = _RANGE_NAME.match(name)
+    if m is None:
+        return name
+    meta = algo_meta("", text)
+    end = "inf" if meta.max_bytes == 0 else format_size(meta.max_bytes + 1)
+    return f"{m['head']}-{format_size(max(meta.min_bytes, 1))}-{end}-{m['proto']}.xml"
+
+
+def _repointed(e: Estimate, renamed: dict[str, str]) -> Estimate:
+    ch = e.choice
+    if ch is None or ch.msccl_file not in renamed:
+        return e
+    return e.model_copy(update={"choice": ch.model_copy(update={"msccl_file": renamed[ch.msccl_file]})})
 
 
 def _narrowed(text: str, sizes: list[int], claimed: list[int]) -> str:

@@ -39,3 +39,16 @@ def test_a_file_the_executor_would_block_on_is_a_note_not_a_crash() -> None:
     (est,) = got.chosen_estimates
     assert est.choice is not None and est.choice.kind == "nccl" and est.time_us == 20.0
     assert any("x.xml not published" in n and "deadlock" in n for n in got.notes), got.notes
+
+
+def test_a_narrowed_file_is_named_for_the_range_it_is_selected_for() -> None:
+    from ccltune.plan_steps import _range_named
+
+    def algo(lo: int, hi: int) -> str:
+        return (f'<algo name="x" proto="LL" nchannels="1" nchunksperloop="16" ngpus="16" coll="allreduce" '
+                f'inplace="1" outofplace="1" minBytes="{lo}" maxBytes="{hi}">\n</algo>\n')  # fmt: skip
+
+    name = "allreduce-16r-1B-512K-LL.xml"  # as the engine names a range [1 B, 512 KiB)
+    assert _range_named(name, algo(65536, 524287)) == "allreduce-16r-64K-512K-LL.xml"
+    assert _range_named(name, algo(0, 0)) == "allreduce-16r-1B-inf-LL.xml"
+    assert _range_named("allpairs.xml", algo(65536, 524287)) == "allpairs.xml"  # a user's name stays
