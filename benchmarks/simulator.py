@@ -21,6 +21,7 @@ from ccltune.model.cost.protocols import SIMPLE
 from ccltune.model.schedule.ir import ScheduleArrays
 from ccltune.model.sim.routing import Router
 from ccltune.model.sim.simulate import simulate
+from machine import cpu_model  # benchmarks/machine.py (run as scripts)
 
 SIZE = 1 << 30  # 1 GiB, the top of a usual nccl-tests sweep
 
@@ -101,14 +102,7 @@ def ring_allgather_arrays(n: int, c: int) -> ScheduleArrays:
 
 
 def machine() -> str:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     return f"nproc={os.cpu_count()}, Python {platform.python_version()}, CPU: {cpu}"
 
 

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine import cpu_model  # benchmarks/machine.py (run as scripts)
+
 REPO = Path(__file__).resolve().parents[1]
 FABRIC_3TIER = str(REPO / "examples" / "clusters" / "astra-3tier-128.yaml")
 # (cluster, collective, GPUs, issue 18's wall-time target in s or None)
@@ -47,14 +49,7 @@ TARGETS = {(Path(c).name, k): t for c, k, _, t in ROWS if t is not None}
 
 
 def _machine() -> str:
-    cpu = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO,
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
     return (f"{platform.node()}: {os.cpu_count()} CPUs ({cpu}), python "

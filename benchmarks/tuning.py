@@ -56,6 +56,7 @@ from ccltune.tune.searchers.base import point_at, start_index
 from ccltune.tune.searchers.prior import PRIOR_MARGIN, Prior
 from ccltune.tune.space import Config, TaskSpace, build_space
 from ccltune.tune.tuner import communicator_topology, tune_tasks
+from machine import cpu_model  # benchmarks/machine.py (run as scripts)
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "nccl-tests"
 SHAPES = [  # preset, ranks, nodes
@@ -369,14 +370,7 @@ def replayed() -> list[str]:
 
 
 def machine() -> str:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     return f"nproc {os.cpu_count()}, Python {platform.python_version()}, CPU {cpu}"
 
 

@@ -11,7 +11,15 @@ import io
 from typing import TextIO
 
 from ....api.common import Collective
-from .writer import ALGO_ATTRS, GPU_ATTRS, STEP_ATTRS, TB_ATTRS, MscclFormatError, MscclLowering
+from .writer import (
+    ALGO_ATTRS,
+    GPU_ATTRS,
+    STEP_ATTRS,
+    TB_ATTRS,
+    MscclFormatError,
+    MscclLowering,
+    step_values,
+)
 
 # ElementTree's attribute escaping (xml.etree.ElementTree._escape_attrib), so output matches.
 _ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "\r": "&#13;",
@@ -56,14 +64,7 @@ def write_lowering(low: MscclLowering, out: TextIO, *, name: str, proto: str,
                 continue
             lines.append(f"    <tb {head}>\n")
             for i, (_kind, step, dep) in enumerate(items):
-                if step is None:
-                    row: tuple[object, ...] = (i, "nop", "i", -1, "o", -1, 0)
-                    has = 0
-                else:
-                    row = (i, step.type, *step.src, *step.dst, step.cnt)
-                    has = int(step.hasdep)
-                dep_vals = (dep.tb, dep.index) if dep is not None else (-1, -1)
-                lines.append(f"      <step {_attrs(STEP_ATTRS, (*row, *dep_vals, has))}/>\n")
+                lines.append(f"      <step {_attrs(STEP_ATTRS, step_values(i, step, dep))}/>\n")
             lines.append("    </tb>\n")
         lines.append("  </gpu>\n")
         out.write("".join(lines))

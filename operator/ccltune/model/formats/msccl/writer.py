@@ -79,6 +79,18 @@ GPU_ATTRS = ("id", "i_chunks", "o_chunks", "s_chunks")
 TB_ATTRS = ("id", "send", "recv", "chan")
 STEP_ATTRS = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
 
+
+def step_values(i: int, step: _Step | None, dep: _Step | None) -> tuple[object, ...]:
+    """A `<step>`'s attribute values in STEP_ATTRS order (None: a nop holding a dependency)."""
+    if step is None:
+        row: tuple[object, ...] = (i, "nop", "i", -1, "o", -1, 0)
+        has = 0
+    else:
+        row = (i, step.type, *step.src, *step.dst, step.cnt)
+        has = int(step.hasdep)
+    dep_vals = (dep.tb, dep.index) if dep is not None else (-1, -1)
+    return (*row, *dep_vals, has)
+
 Loc = tuple[str, int]  # (buffer "i"/"o"/"s", chunk offset)
 Stream = tuple[str, int, int]  # ("send", peer, chan) / ("recv", peer, chan) / ("copy", -1, 0)
 
@@ -581,14 +593,7 @@ class MscclLowering:
                     tbe.set(k, str(v))
                 for i, (_kind, step, dep) in enumerate(self.items_of[r].get(tb, [])):
                     e = ET.SubElement(tbe, "step")
-                    if step is None:
-                        row: tuple[object, ...] = (i, "nop", "i", -1, "o", -1, 0)
-                        has = 0
-                    else:
-                        row = (i, step.type, *step.src, *step.dst, step.cnt)
-                        has = int(step.hasdep)
-                    dep_vals = (dep.tb, dep.index) if dep is not None else (-1, -1)
-                    for k, w in zip(STEP_ATTRS, (*row, *dep_vals, has), strict=True):
+                    for k, w in zip(STEP_ATTRS, step_values(i, step, dep), strict=True):
                         e.set(k, str(w))
         ET.indent(algo, space="  ")
         # msccl-tools writes empty elements as "<step .../>"; keep that exact spelling.
