@@ -78,7 +78,7 @@ def ours(topo_name: str) -> dict[str, str]:
     largest pipelined variant of at most 896 transfers (synthesis may publish none of them when
     NCCL's default is faster, so they are taken from its candidates)."""
     topo = load_preset(topo_name)
-    res = synthesize(topo, "allreduce", [1 << 20, 1 << 26, 1 << 30], time_budget_s=60)
+    res = synthesize(topo, "allreduce", [1 << 20, 1 << 26, 1 << 30])
     best: dict[str, tuple[int, str]] = {}
     for label, sched in res.schedules.items():
         n = len(sched)

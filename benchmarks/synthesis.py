@@ -5,9 +5,13 @@ file written, each checked by model/schedule/check.py as the CLI does before wri
 - wall time of the process, its CPU time (user + sys: on a loaded machine wall time grows, CPU
   time much less) and its peak RSS (os.wait4's rusage of that process);
 - from the same run (`--json`): the per-size results, so the quality columns are the files'
-  own: worst % of the lower bound at >= 64 MiB, worst and largest-size speedup over NCCL's default
-  choice (both simulated by ccltune's simulator, the bound analytic), the SM budget and the
-  threadblocks the files use, and whether the time budget ran out.
+  own: worst % of the link bound and of the bound at the SM budget (model/cost/sm_bound.py) at
+  >= 64 MiB, on >= 64 GPUs the worst time over NCCL's at <= 256 KiB, worst and largest-size
+  speedup over NCCL's default choice (all simulated by ccltune's simulator, the bounds
+  analytic), the SM budget and the threadblocks the files use, and whether the time budget ran
+  out.
+- with `--max-threadblocks X`: NCCL's default choice run on the same X channels
+  (NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS = X, simulated in-process), worst speedup >= 64 MiB.
 
 Each row runs under an address-space cap (`--mem-cap-gb`) and a `--timeout`: a row over either
 is reported as such, never left to take the machine down. The CLI's `--time-budget` (wall time)
@@ -103,18 +107,43 @@ def _quality(summary: dict[str, object]) -> dict[str, str]:
     assert isinstance(sizes, list)
     big = [s for s in sizes if s["bytes"] >= 64 << 20]
     pct = min((s["pctOfBound"] or 0.0) for s in big) if big else float("nan")
+    at_budget = min(s["pctOfBudgetBound"] for s in big) if big else float("nan")
     speed = [s["ncclUs"] / s["timeUs"] for s in sizes]
+    # Issue 18: on >= 64 GPUs, calls of <= 256 KiB at <= 0.5x NCCL's time.
+    small = [s["timeUs"] / s["ncclUs"] for s in sizes if s["bytes"] <= 256 << 10]
+    ranks = summary["ranks"]
+    assert isinstance(ranks, int)
+    small_txt = f"{max(small):.2f}x" if small and ranks >= 64 else "-"
     ranges = summary["ranges"]
     assert isinstance(ranges, list)
     tbs = max((r["threadblocks"] for r in ranges if r["kind"] == "msccl"), default=0)
     timings = summary["timingsS"]
     assert isinstance(timings, dict)
     return {
-        "pct": f"{pct:.1f}%", "worst": f"{min(speed):.2f}x", "last": f"{speed[-1]:.2f}x",
+        "pct": f"{pct:.1f}%", "budget": f"{at_budget:.1f}%", "small": small_txt,
+        "worst": f"{min(speed):.2f}x", "last": f"{speed[-1]:.2f}x",
         "tb": f"{summary['maxThreadblocks']} / {tbs or '-'}",
         "out": "yes" if summary["budgetExhausted"] else "no",
         "synth": f"{timings.get('total_s', 0.0):.1f}",
     }  # fmt: skip
+
+
+def _vs_nccl_at(cluster: str, summary: dict[str, Any], channels: int) -> str:
+    """Worst speedup at >= 64 MiB over NCCL's default choice forced onto `channels` channels
+    (NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS), both simulated."""
+    from ccltune.model.evaluate import nccl_estimate
+    from ccltune.model.nccl.default import nccl_default
+    from ccltune.topology.load import load_cluster
+
+    topo = load_cluster(cluster)
+    coll = summary["collective"]
+    out = []
+    for s in summary["sizes"]:
+        if s["bytes"] >= 64 << 20:
+            choice = nccl_default(coll, s["bytes"], topo).choice.model_copy(
+                update={"channels": channels})
+            out.append(nccl_estimate(coll, s["bytes"], topo, choice).time_us / s["timeUs"])
+    return f"{min(out):.2f}x" if out else "-"
 
 
 def main() -> None:
@@ -139,9 +168,11 @@ def main() -> None:
           f"{args.mem_cap_gb:g} GB, timeout {args.timeout:g} s per row")  # fmt: skip
     print()
     print("| cluster | GPUs | collective | wall s | CPU s | peak RSS MB | synthesis s (self) | "
-          "files (MB) | worst % of bound >= 64M | worst vs NCCL | vs NCCL at max | "
+          "files (MB) | worst % of link bound >= 64M | worst % of budget bound >= 64M | "
+          "worst time / NCCL's <= 256K (>= 64 GPUs) | worst vs NCCL on the same channels "
+          ">= 64M | worst vs NCCL | vs NCCL at max | "
           "SM budget / TBs used | budget out | wall target |")  # fmt: skip
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for cluster, coll, gpus, target in rows or ROWS:
         r = run_row(cluster, coll, args.sizes, args.timeout, args.mem_cap_gb, extra)
         name = Path(cluster).name if "/" in cluster else cluster
@@ -154,9 +185,13 @@ def main() -> None:
         target = target or TARGETS.get((name, coll))
         wall = float(r["wall_s"])
         tgt = "" if target is None else f"< {target:g} s: {'met' if wall < target else 'missed'}"
+        if args.max_threadblocks is not None and isinstance(summ, dict):
+            q["same"] = _vs_nccl_at(cluster, summ, args.max_threadblocks)
         print(f"| {name} | {gpus or '?'} | {coll} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
               f"{r['rss_mb']:.0f} | {q.get('synth', '-')} | {r['files']} ({r['xml_mb']:.1f}) | "
-              f"{q.get('pct', '-')} | {q.get('worst', '-')} | {q.get('last', '-')} | "
+              f"{q.get('pct', '-')} | {q.get('budget', '-')} | {q.get('small', '-')} | "
+              f"{q.get('same', '-')} | "
+              f"{q.get('worst', '-')} | {q.get('last', '-')} | "
               f"{q.get('tb', '-')} | {q.get('out', '-')} | {tgt}{'; ' if tgt and status else ''}"
               f"{status} |", flush=True)  # fmt: skip
     print()

@@ -226,7 +226,7 @@ def synthesis_units(spec: CCLTuningSpec, cluster: ClusterTopology) -> list[Synth
     return [
         SynthesisUnit(index, subcluster(cluster, comm.ranks), key.collective,
                       tuple(size_points(key.min_bytes, key.max_bytes)),
-                      spec.synthesis.time_budget_seconds, spec.synthesis.max_threadblocks)
+                      spec.synthesis.max_threadblocks)
         for index, (key, comm) in enumerate(task_keys(spec, cluster))
     ]  # fmt: skip
 

@@ -330,7 +330,6 @@ def synthesis_unit(spec: CCLTuningSpec, sub: ClusterTopology, task: PlanTask,
     """The synthesis synth_step needs for this task (run here, in a pool or in a shard)."""
     return SynthesisUnit(index, sub, task.key.collective,
                          tuple(e.size_bytes for e in task.default_estimates),
-                         spec.synthesis.time_budget_seconds,
                          spec.synthesis.max_threadblocks)  # fmt: skip
 
 

@@ -25,7 +25,7 @@ def test_asymmetric_topology_falls_back_to_nccl(tmp_path: Path) -> None:
 
 def test_budget_exhaustion_returns_best_so_far(tmp_path: Path) -> None:
     topo = make_cluster(4, 2, "nvswitch")
-    res = synthesize(topo, Collective.ALLGATHER, [1024, 1 << 20, 1 << 26], time_budget_s=1e-6,
+    res = synthesize(topo, Collective.ALLGATHER, [1024, 1 << 20, 1 << 26], work_budget=1,
                      out_dir=tmp_path)  # fmt: skip
     assert res.budget_exhausted
     assert any("budget" in n for n in res.notes)

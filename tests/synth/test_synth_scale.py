@@ -122,7 +122,7 @@ def test_symmetric_engine_takes_translates_in_any_order(coll: str) -> None:
     """A file read back lists each gpu's steps in turn, not N translates of one root's: the
     symmetric engine reorders and still equals the full simulation, transfer by transfer."""
     topo = load_preset("dgx-h100-2")
-    res = engine.synthesize(topo, coll, [1 << 20], max_threadblocks=32)
+    res = engine.synthesize(topo, coll, [1 << 20], max_threadblocks=32, evaluate=False)
     arr = next(iter(res.schedules.values()))
     mixed, perm = _shuffled(arr, 7)
     router = Router(topo)
@@ -141,7 +141,8 @@ def test_symmetric_engine_takes_translates_in_any_order(coll: str) -> None:
 def test_streamed_xml_equals_the_rendered_tree(coll: str) -> None:
     """The file is written one <gpu> at a time (no ElementTree of the whole file), byte for byte
     what MscclLowering.render builds; names are escaped as ElementTree escapes them."""
-    res = engine.synthesize(load_preset("dgx-h100-2"), coll, [1 << 20], max_threadblocks=32)
+    res = engine.synthesize(load_preset("dgx-h100-2"), coll, [1 << 20], max_threadblocks=32,
+                            evaluate=False)
     arr = next(iter(res.schedules.values()))
     low = lower_msccl(arr.to_schedule())
     kw: dict[str, object] = {"name": 'a <b> & "c"', "proto": "LL128", "min_bytes": 4096,

@@ -9,10 +9,17 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..api.cluster import ClusterTopology
 from ..api.common import Collective, format_size, parse_size
 from ..api.errors import InputError
+from ..model.cost.sm_bound import budget_bound_us
 from ..model.formats.msccl.limits import MAX_THREADBLOCKS
-from ..synth.engine import SynthesisResult, synthesize
+from ..synth.engine import (
+    DEFAULT_WORK_BUDGET,
+    SynthesisDeadline,
+    SynthesisResult,
+    synthesize,
+)
 from ..topology.load import load_cluster
 from .common import console, fail, size_table, user_errors
 
@@ -34,23 +41,31 @@ def parse_sizes(text: str) -> list[int]:
     return [parse_size(p) for p in text.split(",") if p.strip()]
 
 
-def _table(res: SynthesisResult) -> Table:
+def budget_bounds(res: SynthesisResult, topo: ClusterTopology) -> list[float]:
+    """Per size: the bound at the files' SM budget (model/cost/sm_bound.py), µs."""
+    return [budget_bound_us(res.collective, s.size_bytes, topo, res.max_threadblocks, s.bound_us)
+            for s in res.sizes]  # fmt: skip
+
+
+def _table(res: SynthesisResult, budget: list[float]) -> Table:
     """Synthesized choices as range tags (#1, #2...): the ranges and their labels follow."""
     t = size_table(
         f"{res.collective.value} on {res.cluster} ({res.nranks} ranks)",
-        ["size", "choice", "time", "NCCL", "bound", "busbw", "% bound", "vs NCCL", "source"],
-        "µs per call: time (chosen), NCCL (its default choice, same simulator), bound "
-        "(analytic lower bound); busbw of the chosen schedule in GB/s",
-    )
+        ["size", "choice", "time", "NCCL", "bound", "busbw", "% bound", "% budget", "vs NCCL"],
+        # One source for every row (the simulator), so the caption says it, not a column.
+        "simulated µs per call: time (chosen), NCCL (its default choice, same simulator), bound "
+        "(analytic lower bound); busbw of the chosen schedule in GB/s; % budget: of the bound "
+        f"at {res.max_threadblocks} threadblocks per GPU",
+    )  # fmt: skip
     tag = {id(sr): f"#{i}/{rr.protocol}" for i, rr in enumerate(res.ranges, start=1)
            if rr.kind == "msccl" for sr in rr.sizes}  # fmt: skip
-    for s in res.sizes:
+    for s, at_budget in zip(res.sizes, budget, strict=True):
         choice = tag.get(id(s), s.chosen.removeprefix("nccl:"))
         t.add_row(
             format_size(s.size_bytes), choice, f"{s.estimate.time_us:.1f}",
             f"{s.default.time_us:.1f}", f"{s.bound_us:.1f}", f"{s.estimate.busbw_gbps:.1f}",
-            f"{s.estimate.pct_of_bound or 0:.0f}%", f"{s.default.time_us / s.estimate.time_us:.2f}x",
-            f"{s.estimate.source}",
+            f"{s.estimate.pct_of_bound or 0:.0f}%", f"{100 * at_budget / s.estimate.time_us:.0f}%",
+            f"{s.default.time_us / s.estimate.time_us:.2f}x",
         )  # fmt: skip
     return t
 
@@ -67,8 +82,15 @@ def synthesize_cmd(
     out: Path = typer.Option(
         Path("msccl"), "--out", "-o", help="Directory for the MSCCL XML files."
     ),
-    budget: float = typer.Option(
-        120.0, "--time-budget", help="Seconds; the best found so far is used when it runs out."
+    work_budget: int = typer.Option(
+        DEFAULT_WORK_BUDGET, "--work-budget",
+        help="Transfers simulated before evaluation is cut short (the best found so far is "
+        "used); counted in work, so results do not depend on the machine.",
+    ),
+    budget: float | None = typer.Option(
+        None, "--time-budget",
+        help="Seconds; past them synthesis stops with an error and writes nothing (it never "
+        "changes what is chosen).",
     ),
     workers: int = typer.Option(1, "--workers", help="Processes for sub-demand MILPs."),
     summary: Path | None = typer.Option(
@@ -92,8 +114,10 @@ def synthesize_cmd(
             )
         size_list = parse_sizes(sizes)
         topo = load_cluster(str(network) if network is not None else str(cluster))
-        if budget <= 0:
+        if budget is not None and budget <= 0:
             fail("--time-budget must be positive")
+        if work_budget < 1:
+            fail("--work-budget must be >= 1")
         if workers < 1:
             fail("--workers must be >= 1")
         if max_threadblocks is not None and not 1 <= max_threadblocks <= MAX_THREADBLOCKS:
@@ -106,13 +130,18 @@ def synthesize_cmd(
             def report(msg: str, frac: float) -> None:
                 bar.update(task, description=msg, completed=frac)
 
-            res = synthesize(topo, coll, size_list, time_budget_s=budget, workers=workers,
-                             out_dir=out, progress=report,
-                             max_threadblocks=max_threadblocks)  # fmt: skip
+            try:
+                res = synthesize(topo, coll, size_list, work_budget=work_budget,
+                                 time_budget_s=budget, workers=workers, out_dir=out,
+                                 progress=report, max_threadblocks=max_threadblocks)  # fmt: skip
+            except SynthesisDeadline as exc:
+                fail(f"--time-budget: {exc}; raise it, or lower --work-budget for a result "
+                     "cut short by work")  # fmt: skip
     if res.stats is not None:
         st = res.stats
         console.print(st.line(), highlight=False)  # every count is of sequences enumerated
-    console.print(_table(res))
+    budget_us = budget_bounds(res, topo)
+    console.print(_table(res, budget_us))
     for i, rr in enumerate(res.ranges, start=1):
         hi = "inf" if rr.max_bytes == 0 else format_size(rr.max_bytes + 1)
         where = rr.xml_file or "NCCL (no file)"
@@ -127,19 +156,23 @@ def synthesize_cmd(
                   "simulated (bound: analytic lower bound)", highlight=False)  # fmt: skip
     if summary is not None:
         with user_errors():
-            summary.write_text(json.dumps(summary_of(res), indent=1) + "\n", encoding="utf-8")
+            text = json.dumps(summary_of(res, budget_us), indent=1)
+            summary.write_text(text + "\n", encoding="utf-8")
 
 
-def summary_of(res: SynthesisResult) -> dict[str, object]:
+def summary_of(res: SynthesisResult, budget: list[float]) -> dict[str, object]:
     """The table, ranges and notes as data (benchmarks/synthesis.py reads it); times in µs,
-    every one simulated, the bound analytic."""
+    every one simulated, the bounds analytic (`budget`: budget_bounds)."""
     return {
         "cluster": res.cluster, "collective": res.collective.value, "ranks": res.nranks,
         "maxThreadblocks": res.max_threadblocks, "budgetExhausted": res.budget_exhausted,
+        "work": res.work,
         "sizes": [{"bytes": s.size_bytes, "chosen": s.chosen, "protocol": s.protocol,
                    "timeUs": s.estimate.time_us, "ncclUs": s.default.time_us,
                    "boundUs": s.bound_us, "pctOfBound": s.estimate.pct_of_bound,
-                   "source": str(s.estimate.source)} for s in res.sizes],
+                   "budgetBoundUs": b, "pctOfBudgetBound": 100.0 * b / s.estimate.time_us,
+                   "source": str(s.estimate.source)}
+                  for s, b in zip(res.sizes, budget, strict=True)],
         "ranges": [{"minBytes": r.min_bytes, "maxBytes": r.max_bytes, "kind": r.kind,
                     "label": r.label, "protocol": r.protocol, "file": r.xml_file,
                     "threadblocks": r.threadblocks} for r in res.ranges],

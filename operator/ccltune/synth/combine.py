@@ -14,12 +14,14 @@ step and the simulator.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import highspy
 import numpy as np
 
 from ..api.common import Collective
+from ..model.sim.translations import Translations
 from . import assemble as asm
 from .quiet import new_highs
 from .sketch import Sketch
@@ -41,8 +43,10 @@ class Candidate:
 
 
 def _loads(fab: asm.Fabric, coll: Collective, sk: Sketch, patterns: asm.Patterns,
-           root: int) -> tuple[dict[tuple[int, int, str], float], int]:  # fmt: skip
-    """Chunks on each (rank, dim, direction) port for one root, and the depth in hops."""
+           root: int) -> tuple[dict[tuple[int, int, str], float], int, dict[int, float]]:  # fmt: skip
+    """Chunks on each (rank, dim, direction) port for one root, the depth in hops, and chunks
+    per peer offset (dst - src as a translation): by symmetry, what every GPU receives from
+    the peer at that offset, i.e. the load on the threadblock(s) serving it."""
     b = asm.Builder()
     if coll == Collective.ALLTOALL:
         asm._scatter(fab, sk, root, 0, 1, 1, b, 0)
@@ -50,13 +54,18 @@ def _loads(fab: asm.Fabric, coll: Collective, sk: Sketch, patterns: asm.Patterns
         asm.broadcast_tree(fab, sk, patterns, root, [0], b, symmetric=coll != Collective.BROADCAST)
     loads: dict[tuple[int, int, str], float] = defaultdict(float)
     depth = [0] * len(b)
+    delta = Translations(fab.sizes).sub(np.asarray(b.dst, dtype=np.int64),
+                                        np.asarray(b.src, dtype=np.int64))  # fmt: skip
+    offsets: dict[int, float] = defaultdict(float)
+    for d, c in zip(delta.tolist(), b.count, strict=True):
+        offsets[d] += c
     for i in range(len(b)):
         s, d = b.src[i], b.dst[i]
         dim = next(k for k in range(len(fab.dims)) if fab.coord(s, k) != fab.coord(d, k))
         loads[(s, dim, "out")] += b.count[i]
         loads[(d, dim, "in")] += b.count[i]
         depth[i] = 1 + max((depth[x] for x in b.deps[i]), default=0)
-    return loads, max(depth, default=0)
+    return loads, max(depth, default=0), offsets
 
 
 def _per_dim(loads: dict[tuple[int, int, str], float], ndims: int) -> list[float]:
@@ -109,19 +118,47 @@ def _blocks(weights: list[float], total: int) -> list[int]:
     return out
 
 
+def _deal(load: dict[int, float], budget: int) -> dict[int, int] | None:
+    """Threadblocks per peer offset as spread_channels deals them (one each, then one more at a
+    time to the most loaded per threadblock); None when the offsets outnumber the budget."""
+    used = [d for d, v in load.items() if v > 0]
+    if len(used) > budget:
+        return None
+    k = dict.fromkeys(used, 1)
+    for _ in range(min(budget - len(used), sum(asm.MAX_CHANNELS - 1 for _ in used))):
+        room = [d for d in used if k[d] < asm.MAX_CHANNELS]
+        if not room:
+            break
+        top = max(room, key=lambda d: (load[d] / k[d], -d))
+        k[top] += 1
+    return k
+
+
+def _tb_rows(offs: list[dict[int, float]], k: dict[int, int], scale: float) -> list[list[float]]:
+    """One LP row per peer offset: its chunks over the threadblocks dealt to it."""
+    return [[o.get(d, 0.0) * scale / k[d] for o in offs] for d in sorted(k)]
+
+
 def candidates(fab: asm.Fabric, coll: Collective, sketches: list[Sketch], patterns: asm.Patterns,
-               sizes: list[int], *, root: int = 0, top_k: int = 3) -> list[Candidate]:  # fmt: skip
+               sizes: list[int], *, root: int = 0, top_k: int = 3,
+               threadblocks: int | None = None,
+               tb_gbps: float | None = None) -> list[Candidate]:  # fmt: skip
+    """Candidates ranked by their link loads and, given the SM budget (`threadblocks` per GPU,
+    each moving `tb_gbps`), by their threadblocks' loads: with few threadblocks per peer a
+    sketch that is best for the links can be worst for the threadblocks (docs/synthesis.md)."""
     dims = fab.dims
     n = fab.nranks
     frac = _chunk_fraction(coll, n)
     phases = 2 if coll == Collective.ALLREDUCE else 1
     single = coll == Collective.BROADCAST
     cols: list[tuple[Sketch, Sketch, dict[tuple[int, int, str], float], int]] = []
+    offs: list[dict[int, float]] = []
     for sk in sketches:
         copies = sk.copies(dims) if single else [sk]
         for cp in copies:
-            loads, depth = _loads(fab, coll, cp, patterns, root)
+            loads, depth, per_offset = _loads(fab, coll, cp, patterns, root)
             cols.append((sk, cp, loads, depth))
+            offs.append(per_offset)
     ports: list[tuple[int, int, str]]
     if single:
         ports = sorted({p for _, _, loads, _ in cols for p in loads})
@@ -131,6 +168,20 @@ def candidates(fab: asm.Fabric, coll: Collective, sketches: list[Sketch], patter
         per = [_per_dim(loads, len(dims)) for _, _, loads, _ in cols]
         rows = [[per[i][d] * frac / (dims[d].bandwidth_gbps * 1e3) for i in range(len(cols))]
                 for d in range(len(dims))]  # fmt: skip
+    # Threadblock sides (symmetric collectives: every GPU alike, so root 0's offsets suffice).
+    tb_scale = 0.0
+    if threadblocks and tb_gbps and not single:
+        tb_scale = frac / (tb_gbps * 1e3)
+
+    def tb_objective(w: list[float]) -> tuple[float, dict[int, int] | None]:
+        load: dict[int, float] = defaultdict(float)
+        for wi, o in zip(w, offs, strict=True):
+            for d, v in o.items():
+                load[d] += wi * v
+        k = _deal(load, threadblocks or 0)
+        if k is None or not tb_scale:
+            return 0.0, k
+        return max(load[d] * tb_scale / k[d] for d in k), k
 
     def latency(depth: int, sk: Sketch) -> float:
         lat = sum(dims[st.dim].latency_us for st in sk.stages)
@@ -141,41 +192,37 @@ def candidates(fab: asm.Fabric, coll: Collective, sketches: list[Sketch], patter
     for i, (sk, _, _, _) in enumerate(cols):
         by_sketch[sk].append(i)
     pure: list[Candidate] = []
+    over: set[str] = set()  # needs more threadblocks than the budget (one per peer offset)
     for sk, idx in by_sketch.items():
         w = [1.0 / len(idx) if i in idx else 0.0 for i in range(len(cols))]
-        bw = phases * _objective(w, rows)
+        tb_t, k = tb_objective(w)
+        if tb_scale and k is None:
+            over.add(sk.label(dims))
+        bw = phases * max(_objective(w, rows), tb_t)
         depth = max(cols[i][3] for i in idx)
         columns = [asm.Column(cols[i][1], 1) for i in idx]
         pure.append(Candidate(sk.label(dims), columns, bw, latency(depth, sk)))
     big, small = max(sizes), min(sizes)
-    ranked = sorted(pure, key=lambda c: c.estimate_us(big))
+    ranked = sorted(pure, key=lambda c: (c.label in over, c.estimate_us(big)))
     chosen = ranked[:top_k]
-    fastest_small = min(pure, key=lambda c: c.estimate_us(small))
+    fastest_small = min(pure, key=lambda c: (c.label in over, c.estimate_us(small)))
     if fastest_small not in chosen:
         chosen.append(fastest_small)
-    # LP mix over all columns.
+    # LP mix over all columns: links only, then with the threadblocks dealt by the last mix.
     w = _lp(rows)
-    used = [i for i, x in enumerate(w) if x > 1e-3]
-    if len(used) > 1:
-        share = [w[i] / sum(w[j] for j in used) for i in used]
-
-        def rounded(total: int) -> tuple[float, list[int]]:
-            blocks = _blocks(share, total)
-            wq = [0.0] * len(cols)
-            for i, b in zip(used, blocks, strict=True):
-                wq[i] = b / total
-            return _objective(wq, rows), blocks
-
-        # The fewest blocks whose rounded ratios come within 1% of the LP's optimum (else the
-        # closest up to MIX_BLOCKS): blocks cost transfers, rounding costs bandwidth. Totals are
-        # powers of two: chunks per rank must divide power-of-two message sizes, or
-        # msccl-executor never selects the file (model/msccl_limits.py).
-        totals = [t for t in (1 << k for k in range(MIX_BLOCKS.bit_length()))
-                  if len(used) <= t <= MIX_BLOCKS]  # fmt: skip
-        best_z = min(rounded(t)[0] for t in totals)
-        total = next(t for t in totals
-                     if rounded(t)[0] <= max(best_z, 1.01 * _objective(w, rows)))  # fmt: skip
-        z, blocks = rounded(total)
+    _, k = tb_objective([1.0] * len(cols))
+    if tb_scale and k is not None:
+        for _ in range(3):
+            w_tb = _lp(rows + _tb_rows(offs, k, tb_scale))
+            z_tb, k_next = tb_objective(w_tb)
+            if max(_objective(w_tb, rows), z_tb) < max(_objective(w, rows), tb_objective(w)[0]):
+                w = w_tb
+            if k_next is None or k_next == k:
+                break
+            k = k_next
+    mix = _mix(cols, rows, w, lambda wq: max(_objective(wq, rows), tb_objective(wq)[0]))
+    if mix is not None:
+        blocks, z, used = mix
         columns = [asm.Column(cols[i][1], b) for i, b in zip(used, blocks, strict=True) if b > 0]
         if len(columns) > 1:
             bw = phases * z
@@ -185,3 +232,33 @@ def candidates(fab: asm.Fabric, coll: Collective, sketches: list[Sketch], patter
             label = f"mix({len(columns)} columns: {' | '.join(names)})"
             chosen.append(Candidate(label, columns, bw, lat))
     return chosen
+
+
+def _mix(cols: list[tuple[Sketch, Sketch, dict[tuple[int, int, str], float], int]],
+         rows: list[list[float]], w: list[float],
+         objective: Callable[[list[float]], float]) -> tuple[list[int], float, list[int]] | None:  # fmt: skip
+    """The LP's ratios rounded to blocks: (blocks per used column, objective, used columns)."""
+    used = [i for i, x in enumerate(w) if x > 1e-3]
+    if len(used) <= 1:
+        return None
+    share = [w[i] / sum(w[j] for j in used) for i in used]
+
+    def rounded(total: int) -> tuple[float, list[int]]:
+        blocks = _blocks(share, total)
+        wq = [0.0] * len(cols)
+        for i, b in zip(used, blocks, strict=True):
+            wq[i] = b / total
+        return objective(wq), blocks
+
+    # The fewest blocks whose rounded ratios come within 1% of the LP's optimum (else the
+    # closest up to MIX_BLOCKS): blocks cost transfers, rounding costs bandwidth. Totals are
+    # powers of two: chunks per rank must divide power-of-two message sizes, or
+    # msccl-executor never selects the file (model/msccl_limits.py).
+    totals = [t for t in (1 << k for k in range(MIX_BLOCKS.bit_length()))
+              if len(used) <= t <= MIX_BLOCKS]  # fmt: skip
+    if not totals:
+        return None
+    best_z = min(rounded(t)[0] for t in totals)
+    total = next(t for t in totals if rounded(t)[0] <= max(best_z, 1.01 * objective(w)))
+    z, blocks = rounded(total)
+    return blocks, z, used

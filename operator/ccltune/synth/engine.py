@@ -41,6 +41,7 @@ from ..model.cost.gpu import gpu_physics
 from ..model.cost.protocols import protocol_cost
 from ..model.evaluate import published_estimate
 from ..model.formats.msccl.limits import MAX_CHANNELS, MAX_STEPS, first_selected
+from ..model.formats.msccl.slicing import iterations_to_simulate, slicing
 from ..model.formats.msccl.stream import render_lowering, write_lowering
 from ..model.formats.msccl.writer import MscclFormatError, MscclLowering, lower_msccl
 from ..model.nccl.default import default_estimate, nccl_default, nccl_graph
@@ -113,6 +114,7 @@ class SynthesisResult:
     ranges: list[RangeResult]
     notes: list[str] = field(default_factory=list)
     budget_exhausted: bool = False
+    work: int = 0  # work units spent (transfers assembled or simulated; DEFAULT_WORK_BUDGET)
     symmetric: bool = True
     max_threadblocks: int = 0  # the SM budget the files were fitted to
     stats: SearchStats | None = None
@@ -121,16 +123,34 @@ class SynthesisResult:
     schedules: dict[str, ScheduleArrays] = field(default_factory=dict)
 
 
-class _Clock:
-    def __init__(self, budget_s: float) -> None:
-        self.start = time.perf_counter()
-        self.budget = budget_s
+# Work units: transfers assembled or simulated (a schedule of T transfers simulated once costs
+# T, whatever engine runs it). h800-rail-512 AllGather at 1K:1G spent 34M, h800-rail-64 1.8M
+# (docs/synthesis-scale.md): the default leaves ~60x room above the presets measured.
+DEFAULT_WORK_BUDGET = 2_000_000_000
 
-    def left(self) -> float:
-        return self.budget - (time.perf_counter() - self.start)
+
+class SynthesisDeadline(RuntimeError):
+    """The wall-clock deadline passed: nothing is returned rather than a cut-short result."""
+
+
+class _Work:
+    """Counts work, so that where the budget cuts evaluation does not depend on the machine.
+    The optional deadline never changes a result: past it synthesis stops with an error."""
+
+    def __init__(self, budget: int, deadline_s: float | None) -> None:
+        self.start = time.perf_counter()
+        self.budget = budget
+        self.spent = 0
+        self.deadline_s = deadline_s
+
+    def spend(self, units: int) -> None:
+        self.spent += units
+        if self.deadline_s is not None and time.perf_counter() - self.start > self.deadline_s:
+            raise SynthesisDeadline(f"synthesis ran past its time budget of {self.deadline_s:g} s "
+                                    f"({self.spent:,} work units spent)")  # fmt: skip
 
     def out(self) -> bool:
-        return self.left() <= 0
+        return self.spent >= self.budget
 
 
 def synthesize(
@@ -138,7 +158,8 @@ def synthesize(
     collective: Collective | str,
     sizes: list[int],
     *,
-    time_budget_s: float = 60.0,
+    work_budget: int = DEFAULT_WORK_BUDGET,
+    time_budget_s: float | None = None,
     workers: int = 1,
     out_dir: Path | str | None = None,
     top_k: int = 2,
@@ -146,19 +167,27 @@ def synthesize(
     root: int = 0,
     max_threadblocks: int | None = None,
     milp_nodes: tuple[int, int] = (COARSE_NODES, FINE_NODES),
+    evaluate: bool = True,
 ) -> SynthesisResult:
     """Synthesize `collective` on `topo` for `sizes` (nccl-tests' size convention), with at
     most `max_threadblocks` threadblocks per GPU (default: NCCL's channel count there).
     `milp_nodes`: branch-and-bound nodes per sub-demand MILP, coarse and fine; (0, 0) keeps
-    the greedy patterns (benchmarks/milp_gain.py compares the two)."""
+    the greedy patterns (benchmarks/milp_gain.py compares the two).
+    `work_budget`: transfers assembled or simulated before evaluation is cut short (the same
+    request gives the same result on any machine); `time_budget_s`: a wall-clock deadline that
+    raises SynthesisDeadline instead of returning a result it shaped.
+    `evaluate=False` stops once the variants are assembled (`result.schedules`; no sizes,
+    ranges or files): the simulator's own tests need schedules, not a synthesis."""
     coll = Collective(collective)
     sizes = sorted({int(s) for s in sizes})
     if not sizes or sizes[0] <= 0:
         raise ValueError("sizes: give at least one positive size")
     if max_threadblocks is not None and max_threadblocks < 1:
         raise ValueError("max_threadblocks: give at least 1")
+    if work_budget < 1:
+        raise ValueError("work_budget: give at least 1")
     say = progress or (lambda _m, _f: None)
-    clock = _Clock(time_budget_s)
+    clock = _Work(work_budget, time_budget_s)
     router = Router(topo)
     result = SynthesisResult(topo.name, coll, topo.world_size, [], [])
     result.max_threadblocks = max_threadblocks or default_threadblocks(coll, topo, sizes)
@@ -185,7 +214,10 @@ def synthesize(
     coarse = _solve(dims, sketches, symmetric, 1, coll, workers, milp_nodes[0])
     result.timings["coarse_s"] = time.perf_counter() - t0
     say(f"coarse: {len(coarse)} distinct sub-demands solved", 0.2)
-    cands = candidates(fab, coll, sketches, asm.Patterns(coarse), sizes, root=root, top_k=top_k)
+    phys = gpu_physics(topo.gpu_model)  # large sizes, where threadblocks bind, run Simple
+    cands = candidates(fab, coll, sketches, asm.Patterns(coarse), sizes, root=root, top_k=top_k,
+                       threadblocks=result.max_threadblocks,
+                       tb_gbps=phys.tb("Simple") if phys else None)  # fmt: skip
     result.timings["combine_s"] = time.perf_counter() - t0 - result.timings["coarse_s"]
 
     # Fine step for the kept candidates.
@@ -234,8 +266,9 @@ def synthesize(
             label = f"{cand.label}/p{pieces}x{depth}"
             deep = Candidate(cand.label, [asm.Column(c.sketch, c.blocks * depth)
                                           for c in cand.columns], 0.0, 0.0)  # fmt: skip
-            deals, why, need = _deals(fab, _build(fab, coll, deep, patterns, pieces, root,
-                                                  label), budget)  # fmt: skip
+            built = _build(fab, coll, deep, patterns, pieces, root, label)
+            clock.spend(len(built))
+            deals, why, need = _deals(fab, built, budget)
             least = min(least or need, need)
             if not deals:
                 dropped.append(f"{label}: {why}")
@@ -245,6 +278,9 @@ def synthesize(
     result.timings["assemble_s"] = time.perf_counter() - t2
     arr_of = dict(variants)
     result.schedules = arr_of
+    if not evaluate:
+        result.work = clock.spent
+        return result
     verdict: dict[str, bool] = {}
     # The lowering that passed, per label: every range's file of that schedule renders from it
     # (lowering is the writer's costly part, and it does not depend on the protocol or range).
@@ -257,6 +293,7 @@ def synthesize(
             verdict[label] = False
             why = ""
             for arr in deals_of[label]:
+                clock.spend(len(arr))
                 try:
                     low = lower_msccl(arr.to_schedule(), max_threadblocks=budget)
                     low.require(max_threadblocks=budget)
@@ -290,6 +327,7 @@ def synthesize(
     def run(arr: ScheduleArrays, size: int, proto: str) -> float:
         key = (id(arr), size, proto)
         if key not in simulated:
+            clock.spend(len(arr))
             cost = protocol_cost(proto, link_kind=g.intra_kind, gpu=gpu_physics(topo.gpu_model))
             simulated[key] = simulate(arr, topo, size, cost, router, engine="symmetric").time_us
         return simulated[key]
@@ -304,6 +342,7 @@ def synthesize(
                                                     max_threadblocks=budget)  # fmt: skip
             files[(label, proto)] = render_lowering(low, name=label, proto=proto,
                                                     nchannels=arr_of[label].channels)  # fmt: skip
+        clock.spend(_file_work(coll, arr_of[label], proto, size))
         try:
             return published_estimate(coll, size, topo, files[(label, proto)],
                                       router=router).time_us  # fmt: skip
@@ -345,6 +384,7 @@ def synthesize(
             skipped.append(s)  # grid sizes bracket it; no number is made up for it
             result.budget_exhausted = True
             continue
+        clock.spend(0)  # the deadline, if any
         tr = time.perf_counter()
         default = default_estimate(coll, s, topo, router=router, with_bound=False)
         bound = _bound(coll, s, topo)
@@ -415,14 +455,15 @@ def synthesize(
     result.timings["reference_s"] = ref_s
     if result.budget_exhausted:
         result.notes.append(
-            f"time budget of {time_budget_s:g} s exhausted: the best schedules found so far are "
-            "used (fewer variants or protocols were evaluated at some sizes)"
+            f"work budget of {work_budget:,} transfers simulated exhausted: the best schedules "
+            "found so far are used (fewer variants or protocols were evaluated at some sizes)"
         )
     t4 = time.perf_counter()
     result.ranges = _ranges(result.sizes, result.schedules, coll, topo, out_dir, result,
                             lowered)  # fmt: skip
     result.timings["emit_s"] = time.perf_counter() - t4
     result.timings["total_s"] = time.perf_counter() - clock.start
+    result.work = clock.spent
     say("done", 1.0)
     return result
 
@@ -433,6 +474,13 @@ def default_threadblocks(coll: Collective, topo: ClusterTopology, sizes: list[in
     search and its per-size trimming in enqueue.cc)."""
     graph = nccl_graph(topo).run_channels
     return max(1, *((nccl_default(coll, s, topo).choice.channels or graph) for s in sizes))
+
+
+def _file_work(coll: Collective, arr: ScheduleArrays, proto: str, size: int) -> int:
+    """Work of timing the file at `size`: its transfers once per slice iteration simulated
+    (published_estimate), counted on the schedule so that no file need be read to count it."""
+    sl = slicing(proto, size, _chunks_per_loop(arr), coll)
+    return len(arr) * sum(iterations_to_simulate(sl, len(arr)))
 
 
 def _chunks_per_loop(arr: ScheduleArrays) -> int:
@@ -508,7 +556,10 @@ def _deals(fab: asm.Fabric, arr: ScheduleArrays,
         tbs, floor = _streams(dealt, dealt.channels)
         if tbs.max() > budget:
             why = why or f"needs {tbs.max()} threadblocks per GPU"
-        elif floor.max() > MAX_STEPS:
+        elif floor.max() > MAX_STEPS and (
+            tbs.max() * -(-floor.max() // MAX_STEPS) > budget
+            or dealt.channels * -(-floor.max() // MAX_STEPS) > MAX_CHANNELS
+        ):  # the writer splits a long stream over channels only where the budget holds it
             why = why or f"needs {floor.max()}+ steps per threadblock (the limit: {MAX_STEPS})"
         else:
             out.append(dealt)

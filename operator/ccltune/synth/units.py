@@ -31,7 +31,6 @@ class SynthesisUnit:
     cluster: ClusterTopology  # the task's communicator as a cluster of its own
     collective: Collective
     sizes: tuple[int, ...]
-    time_budget_s: float
     max_threadblocks: int | None
 
     @property
@@ -57,8 +56,9 @@ def synthesize_unit(unit: SynthesisUnit) -> Synthesized:
     files: list[tuple[str, str]] = []
     ranges: list[tuple[str, tuple[int, ...]]] = []
     with tempfile.TemporaryDirectory(prefix="ccltune-synth-") as tmp:
-        res = synthesize(unit.cluster, unit.collective, list(unit.sizes),
-                         time_budget_s=unit.time_budget_s, out_dir=tmp,
+        # No wall-clock limit here: the work budget bounds it, so a plan is the same on any
+        # machine (spec.synthesis.timeBudgetSeconds bounds the plan Job, controller/).
+        res = synthesize(unit.cluster, unit.collective, list(unit.sizes), out_dir=tmp,
                          max_threadblocks=unit.max_threadblocks)  # fmt: skip
         for r in res.ranges:
             if r.xml_file:

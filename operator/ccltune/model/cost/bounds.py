@@ -185,6 +185,9 @@ def _graph(topo: ClusterTopology) -> _Graph:
     return g
 
 
+graph_of = _graph  # for the other bounds of this package (sm_bound.py)
+
+
 def _crossing(
     coll: Collective, n: int, s: int, size: float, root_inside: bool
 ) -> tuple[float, float]:

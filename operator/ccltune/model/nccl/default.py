@@ -59,6 +59,7 @@ from ..cost.protocols import (
     speed_arrays,
     tree_correction,
 )
+from ..schedule.ir import ScheduleArrays
 from ..sim.routing import Router
 from ..sim.simulate import simulate
 from .baselines import nccl_schedule_arrays
@@ -387,6 +388,27 @@ def nccl_protocol_cost(
     return replace(cost, step_bytes=step)
 
 
+# NCCL's schedule per (collective, algorithm, chunks, channels) on the last topology: a sweep's
+# sizes share a few shapes (21 sizes, 4-5 shapes on h800-rail-64) and building one is Python
+# per transfer (0.3 s at 512 ranks). The arrays are only read after `tb` is set below.
+_SCHEDULES: dict[tuple[Collective, str, int, int], ScheduleArrays] = {}
+_SCHEDULES_TOPO: list[ClusterTopology] = []
+_SCHEDULES_MAX = 8
+
+
+def _schedule(coll: Collective, algo: str, topo: ClusterTopology, chunks: int,
+              channels: int) -> ScheduleArrays:  # fmt: skip
+    if not _SCHEDULES_TOPO or _SCHEDULES_TOPO[0] is not topo:
+        _SCHEDULES.clear()
+        _SCHEDULES_TOPO[:] = [topo]
+    key = (coll, algo, chunks, channels)
+    if key not in _SCHEDULES:
+        if len(_SCHEDULES) >= _SCHEDULES_MAX:
+            _SCHEDULES.pop(next(iter(_SCHEDULES)))
+        _SCHEDULES[key] = nccl_schedule_arrays(coll, algo, topo, chunks=chunks, channels=channels)
+    return _SCHEDULES[key]
+
+
 def default_estimate(
     collective: Collective | str,
     size_bytes: int,
@@ -420,7 +442,7 @@ def default_estimate(
         max_transfers,
         nnodes=topo.node_count,
     )
-    sched = nccl_schedule_arrays(coll, sched_algo, topo, chunks=chunks, channels=sim_channels)
+    sched = _schedule(coll, sched_algo, topo, chunks, sim_channels)
     cost = nccl_protocol_cost(coll, algo, proto, size_bytes, channels, topo, g)
     # NCCL's kernels run one threadblock per channel (rings and trees alike); p2p alltoall one
     # per peer connection (tb None: one per (channel, peer)).

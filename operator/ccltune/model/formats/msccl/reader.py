@@ -15,9 +15,10 @@ slicing needs (slicing.py).
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -72,8 +73,28 @@ def from_msccl_xml(text: str) -> Schedule:
     return read_msccl(text).schedule
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    attrs: dict[str, str]
+    prog: Program
+    order: tuple[int, ...]  # step uids in the order execute() completed them
+    result: ReadBack
+
+
+# The last files read, keyed by their text without the protocol: synthesis times one lowering
+# as a file per protocol, and those files differ only there (see `_same_but_protocol`).
+_READS: dict[str, _Read] = {}
+_READS_MAX = 4
+_PROTO_ATTR = re.compile(r'\sproto="([^"]*)"')
+
+
 def read_msccl(text: str) -> ReadBack:
     """Read, run and prove an MSCCL algorithm, keeping each transfer's threadblocks."""
+    head = text[: text.find(">") + 1]
+    key = _PROTO_ATTR.sub("", head, count=1) + text[len(head):]
+    again = _same_but_protocol(_READS.get(key), head)
+    if again is not None:
+        return again
     attrs, sizes, tbs = _parse(text)
     proto = attrs["proto"]
     coll = _COLLS[attrs["coll"]]
@@ -108,12 +129,34 @@ def read_msccl(text: str) -> ReadBack:
     def column(values: Iterator[int]) -> np.ndarray:
         return np.fromiter(values, dtype=np.int32, count=len(ends))
 
-    return ReadBack(
+    out = ReadBack(
         sched, int(attrs["nchunksperloop"]),
         column(x.tb for x, _ in ends), column(rx.tb for _, rx in ends),
         column(x.idx for x, _ in ends), column(rx.idx for _, rx in ends),
         np.array([len(g) for g in tbs], dtype=np.int32),
     )  # fmt: skip
+    if len(_READS) >= _READS_MAX:
+        _READS.pop(next(iter(_READS)))
+    _READS[key] = _Read(attrs, prog, tuple(x.uid for x in order), out)
+    return out
+
+
+def _same_but_protocol(seen: _Read | None, head: str) -> ReadBack | None:
+    """A file read before with another protocol, when the executor runs this one in the same
+    order: the protocol changes only its FIFO slots (slots_per_step), so with the same order
+    the proof and the transfers are the same, and only the schedule's protocol differs. The
+    run itself is repeated: another protocol's slots may deadlock where the first did not."""
+    got = _PROTO_ATTR.search(head)
+    if seen is None or got is None or got.group(1) not in PROTOCOLS:
+        return None  # the full read reports what is wrong
+    proto, attrs = got.group(1), seen.attrs
+    order = execute(seen.prog, slots_per_step(proto, int(attrs["maxBytes"]),
+                                              int(attrs["nchunksperloop"])))  # fmt: skip
+    if getattr(_same_but_protocol, "strict", True) and tuple(x.uid for x in order) != seen.order:
+        return None
+    rb = seen.result
+    sched = replace(rb.schedule, protocol=proto, transfers=list(rb.schedule.transfers))
+    return replace(rb, schedule=sched)
 
 
 # ---------------------------------------------------------------- parsing

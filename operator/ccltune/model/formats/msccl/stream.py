@@ -16,7 +16,6 @@ from .writer import (
     GPU_ATTRS,
     STEP_ATTRS,
     TB_ATTRS,
-    MscclFormatError,
     MscclLowering,
     step_values,
 )
@@ -36,12 +35,7 @@ def write_lowering(low: MscclLowering, out: TextIO, *, name: str, proto: str,
                    inplace: bool = False) -> None:  # fmt: skip
     """What `low.render(...)` returns, written to `out`."""
     s, lay = low.schedule, low.layout
-    if nchannels is None:
-        nchannels = max(low.channels_used, 1)
-    elif nchannels < low.channels_used:
-        raise MscclFormatError(
-            f"nchannels={nchannels} but the schedule uses {low.channels_used} channels"
-        )
+    nchannels = low.channels(nchannels)
     algo = (name, proto, nchannels, low.chunks_per_loop, s.nranks,
             str(Collective(s.collective).value), int(inplace), 1, min_bytes,
             0 if max_bytes is None else max_bytes)  # fmt: skip

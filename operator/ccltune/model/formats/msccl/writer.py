@@ -23,6 +23,9 @@ Lowering decisions:
   fewest waits first. Each connection (peer, channel) is served by exactly one threadblock per
   rank. Local copies (cpy) run at the end of the rank's threadblock with the fewest steps: an
   extra threadblock would cost an SM.
+- A connection whose threadblock would hold more than the executor's 64 steps is split into
+  consecutive parts, each on the same peers on a channel of its own (`lower_msccl`), where
+  channels and the SM budget allow; the dependencies stay the same steps'.
 - Transfers of a connection that are ready together (they wait for the same steps) and move
   consecutive slots become one step with cnt > 1, when the receiver has a threadblock of its
   own (it drains the FIFO whatever else happens). Fewer steps per threadblock, a smaller file.
@@ -44,6 +47,8 @@ Lowering decisions:
 
 from __future__ import annotations
 
+import bisect
+import gc
 import itertools
 import math
 import xml.etree.ElementTree as ET
@@ -68,6 +73,7 @@ from .limits import (
 )
 
 PROTOCOLS = ("Simple", "LL", "LL128")
+SPLIT_ROUNDS = 4  # lowerings after the first while splitting connections over MAX_STEPS
 SEND_TYPES = {"s", "rcs", "rrs", "rrcs"}
 RECV_TYPES = {"r", "rcs", "rrs", "rrc", "rrcs"}
 STEP_TYPES = SEND_TYPES | RECV_TYPES | {"cpy", "re", "nop"}
@@ -91,6 +97,7 @@ def step_values(i: int, step: _Step | None, dep: _Step | None) -> tuple[object, 
     dep_vals = (dep.tb, dep.index) if dep is not None else (-1, -1)
     return (*row, *dep_vals, has)
 
+
 Loc = tuple[str, int]  # (buffer "i"/"o"/"s", chunk offset)
 Stream = tuple[str, int, int]  # ("send", peer, chan) / ("recv", peer, chan) / ("copy", -1, 0)
 
@@ -99,35 +106,43 @@ class MscclFormatError(InternalError):
     """Malformed or unsupported MSCCL XML, or a schedule the executor's limits cannot hold."""
 
 
+# Enum members as module constants: `_Layout` runs per (rank, chunk), and looking a member up
+# on its class costs more than the comparison.
+_ALLGATHER, _REDUCESCATTER, _ALLTOALL = (
+    Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLTOALL,
+)  # fmt: skip
+_ALLREDUCE, _BROADCAST = Collective.ALLREDUCE, Collective.BROADCAST
+
+
 class _Layout:
     """Where each chunk of the collective's chunk space lives in a rank's i/o buffers."""
 
     def __init__(self, coll: Collective, n: int, c: int, root: int = 0) -> None:
         self.coll, self.n, self.c, self.root = coll, n, c, root
-        if coll in (Collective.ALLGATHER,):
+        if coll == _ALLGATHER:
             self.i_chunks, self.o_chunks = c, n * c
-        elif coll == Collective.REDUCESCATTER:
+        elif coll == _REDUCESCATTER:
             self.i_chunks, self.o_chunks = n * c, c
-        elif coll == Collective.ALLTOALL:
+        elif coll == _ALLTOALL:
             self.i_chunks, self.o_chunks = n * c, n * c
         else:
             self.i_chunks, self.o_chunks = c, c
 
     def input_off(self, r: int, k: int) -> int | None:
         n, c, coll = self.n, self.c, self.coll
-        if coll == Collective.ALLGATHER:
+        if coll == _ALLGATHER:
             return k - r * c if k // c == r else None
-        if coll in (Collective.REDUCESCATTER, Collective.ALLREDUCE):
+        if coll in (_REDUCESCATTER, _ALLREDUCE):
             return k
-        if coll == Collective.ALLTOALL:
+        if coll == _ALLTOALL:
             return k - r * n * c if k // (n * c) == r else None
         return k if r == self.root else None
 
     def output_off(self, r: int, k: int) -> int | None:
         n, c, coll = self.n, self.c, self.coll
-        if coll == Collective.REDUCESCATTER:
+        if coll == _REDUCESCATTER:
             return k - r * c if k // c == r else None
-        if coll == Collective.ALLTOALL:
+        if coll == _ALLTOALL:
             s, d, j = k // (n * c), (k // c) % n, k % c
             return s * c + j if d == r else None
         return k
@@ -135,19 +150,19 @@ class _Layout:
     def input_chunk(self, r: int, off: int) -> int | None:
         """Inverse of input_off: which chunk rank r's input slot holds at the start."""
         n, c, coll = self.n, self.c, self.coll
-        if coll == Collective.ALLGATHER:
+        if coll == _ALLGATHER:
             return r * c + off
-        if coll == Collective.ALLTOALL:
+        if coll == _ALLTOALL:
             return r * n * c + off
-        if coll == Collective.BROADCAST:
+        if coll == _BROADCAST:
             return off if r == self.root else None
         return off
 
     def output_chunk(self, r: int, off: int) -> int:
         n, c, coll = self.n, self.c, self.coll
-        if coll == Collective.REDUCESCATTER:
+        if coll == _REDUCESCATTER:
             return r * c + off
-        if coll == Collective.ALLTOALL:
+        if coll == _ALLTOALL:
             s, j = divmod(off, c)
             return (s * n + r) * c + j
         return off
@@ -213,19 +228,67 @@ def to_msccl_xml(
         raise MscclFormatError(f"byte range {min_bytes}..{max_bytes} is empty or negative")
     if inplace and Collective(schedule.collective) == Collective.ALLTOALL:
         raise MscclFormatError("an in-place alltoall would overwrite data before it is sent")
-    low = lower_msccl(schedule, max_threadblocks=max_threadblocks)
+    low = lower_msccl(schedule, max_threadblocks=max_threadblocks, max_steps=max_steps)
     low.require(max_threadblocks=max_threadblocks, max_steps=max_steps)
     return low.render(name=name, proto=proto, nchannels=nchannels, min_bytes=min_bytes,
                       max_bytes=max_bytes, inplace=inplace)  # fmt: skip
 
 
-def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None) -> MscclLowering:
+def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None,
+                max_steps: int = MAX_STEPS) -> MscclLowering:  # fmt: skip
     """Every rank's threadblocks and steps as the file would hold them (nothing rendered), with
     at most `max_threadblocks` per rank (default: the executor's limit; MscclFormatError when
-    the streams cannot be merged that far)."""
-    s = schedule
+    the streams cannot be merged that far).
+
+    A connection whose threadblock would hold more than `max_steps` steps (nops included) is
+    split: its sends, in order, are dealt into consecutive parts, and part j moves at both ends
+    to the same peers on channel chan + j x (channels the schedule uses), a connection of its
+    own with its own threadblocks. Dependencies are the same steps'; only which threadblock
+    runs them changes. Splitting stops when it would need more than the executor's channels or
+    the SM budget; the result then still breaks `max_steps` (`require` says so)."""
+    check_schedule(schedule)
+    # Lowering allocates millions of objects and forms no reference cycles (steps point only
+    # at earlier steps), so the cyclic collector only rescans them: paused while it runs.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _split_lowering(schedule, max_threadblocks, max_steps)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _split_lowering(schedule: Schedule, max_threadblocks: int | None,
+                    max_steps: int) -> MscclLowering:  # fmt: skip
+    used = 1 + max((t.channel for t in schedule.transfers), default=0)
+    cap = MAX_THREADBLOCKS if max_threadblocks is None else max_threadblocks
+    parts: dict[tuple[int, int, int], int] = {}
+    low = _lower(schedule, max_threadblocks, parts, used)
+    for _ in range(SPLIT_ROUNDS):
+        more = dict(parts)
+        for conn, factor in low.overflow(max_steps, used).items():
+            k = parts.get(conn, 1)
+            more[conn] = max(k, min(max(k + 1, k * factor), MAX_CHANNELS // used))
+        added = [0] * schedule.nranks  # streams the new parts add, at both ends
+        for (src, dst, chan), k in more.items():
+            added[src] += k - parts.get((src, dst, chan), 1)
+            added[dst] += k - parts.get((src, dst, chan), 1)
+        if more == parts or any(len(tbs) + a > cap for tbs, a in zip(low.tb_meta, added,
+                                                                        strict=True)):  # fmt: skip
+            break  # no channel left, or over the SM budget once split (merging made it overflow)
+        parts = more
+        try:
+            low = _lower(schedule, max_threadblocks, parts, used)
+        except MscclFormatError:
+            break  # over the SM budget once split: the step limit is what to report
+        low.split_connections = len(parts)
+    return low
+
+
+def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int, int], int],
+           used: int) -> MscclLowering:  # fmt: skip
+    """`lower_msccl` with the connections (src, dst, chan) in `parts` split in that many."""
     coll = Collective(s.collective)
-    check_schedule(s)
     lay = _Layout(coll, s.nranks, s.chunks_per_rank, s.root)
     order = topological_order(s)
     pos = {t: p for p, t in enumerate(order)}
@@ -241,25 +304,7 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None) -> M
     scratch: list[dict[int, int]] = [{} for _ in range(s.nranks)]
     last_write: dict[tuple[int, int], _Step] = {}
     steps_of: dict[tuple[int, int], list[_Step]] = {}  # (transfer, rank) -> its steps there
-    near: dict[tuple[int, int], frozenset[_Step]] = {}
     steps: list[_Step] = []
-
-    def local_preds(t: int, rank: int) -> set[_Step]:
-        """Steps on `rank` of the nearest ancestors of transfer t that touch `rank`."""
-        out: set[_Step] = set()
-        for d in s.transfers[t].deps:
-            if (d, rank) in steps_of:
-                out.update(steps_of[(d, rank)])
-            else:
-                out |= near_of(d, rank)
-        return out
-
-    def near_of(t: int, rank: int) -> frozenset[_Step]:
-        got = near.get((t, rank))
-        if got is None:
-            got = frozenset(local_preds(t, rank))
-            near[(t, rank)] = got
-        return got
 
     def dest(r: int, k: int) -> Loc:
         off = lay.output_off(r, k)
@@ -270,7 +315,6 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None) -> M
 
     for t in order:
         tr = s.transfers[t]
-        send_preds, recv_preds = local_preds(t, tr.src), local_preds(t, tr.dst)
         ks = list(range(tr.chunk, tr.chunk + tr.count))
         for k in ks:  # scratch slots of one transfer are allocated together, consecutively
             dest(tr.dst, k)
@@ -289,7 +333,6 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None) -> M
             snd = _Step(tr.src, ("send", tr.dst, tr.channel), (level[t], 0, pos[t], piece), "s",
                         src_loc, dst_loc, b - a)  # fmt: skip
             key = (level[t], 1, pos[t], piece)
-            snd.preds = set(send_preds)
             if tr.reduce:
                 cur = cur_locs[a]
                 assert cur is not None
@@ -298,7 +341,6 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None) -> M
             else:
                 rcv = _Step(tr.dst, ("recv", tr.src, tr.channel), key, "r", src_loc,
                             dst_loc, b - a)  # fmt: skip
-            rcv.preds = set(recv_preds)
             snd.twin = rcv
             steps += [snd, rcv]
             steps_of.setdefault((t, tr.src), []).append(snd)
@@ -306,6 +348,9 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None) -> M
             for k in range(tr.chunk + a, tr.chunk + b):
                 loc[(tr.dst, k)] = dst_locs[k - tr.chunk]  # type: ignore[assignment]
                 last_write[(tr.dst, k)] = rcv
+
+    if parts:
+        _split(steps, parts, used)
 
     # Final copies to the output for chunks that ended elsewhere.
     for r in range(s.nranks):
@@ -333,7 +378,103 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None) -> M
             steps.append(cp)
             i = j
 
-    return _assign(s, steps, lay, scratch, max_threadblocks)
+    fed = _rank_preds(s, steps, steps_of)
+    return _assign(s, steps, lay, scratch, max_threadblocks, fed)
+
+
+def _split(steps: list[_Step], parts: dict[tuple[int, int, int], int], used: int) -> None:
+    """Deal each split connection's sends (in threadblock order) into `parts` consecutive runs,
+    run j on channel chan + j x `used`, and move every send's receive with it."""
+    on: dict[tuple[int, int, int], list[_Step]] = defaultdict(list)
+    for st in steps:
+        if st.twin is not None:
+            conn = (st.rank, st.stream[1], st.stream[2])
+            if conn in parts:
+                on[conn].append(st)
+    for (src, dst, chan), sends in on.items():
+        sends.sort(key=lambda x: x.key)
+        k = parts[(src, dst, chan)]
+        for i, snd in enumerate(sends):
+            moved = chan + (i * k // len(sends)) * used
+            snd.stream = ("send", dst, moved)
+            assert snd.twin is not None
+            snd.twin.stream = ("recv", src, moved)
+
+
+def _nearest(t: int, deps: list[tuple[int, ...]], own: dict[int, frozenset[_Step]],
+             near: dict[int, frozenset[_Step]]) -> frozenset[_Step]:  # fmt: skip
+    """A rank's steps of the nearest ancestors of transfer t that touch it (`own`: the rank's
+    steps per transfer touching it; `near`: this rank's memo), without recursion. A transfer
+    with one dependency shares its set instead of copying it (a copy per transfer and rank is
+    what made lowering slow)."""
+    got = near.get(t)
+    if got is not None:
+        return got
+    stack = [t]
+    while stack:
+        u = stack[-1]
+        du = deps[u]
+        todo = [d for d in du if d not in own and d not in near]
+        if todo:
+            stack += todo
+            continue
+        stack.pop()
+        if u in near:
+            continue
+        if len(du) == 1:
+            d = du[0]
+            near[u] = own[d] if d in own else near[d]
+        else:
+            near[u] = frozenset[_Step]().union(*(own[d] if d in own else near[d] for d in du))
+    return near[t]
+
+
+Fed = dict[tuple[Stream, Stream], int]  # (send stream, recv stream) -> its sends' preds there
+
+
+def _rank_preds(s: Schedule, steps: list[_Step],
+                steps_of: dict[tuple[int, int], list[_Step]]) -> list[Fed]:  # fmt: skip
+    """Every step's `preds`, `after` and receive index, one rank at a time; and per rank how
+    many of each send stream's preds lie in each receive stream (`_merge`'s tie-break).
+
+    The nearest ancestors of a transfer on a rank are memoised per rank and dropped after it:
+    a memo over all (transfer, rank) pairs grew past 6 GB on a 128-rank ReduceScatter, where
+    FIFO queue edges make almost every earlier transfer an ancestor. Once `after` is known,
+    only the latest pred per stream is kept (all `_assign` reads), except on steps of plain
+    copies (type r and their sends), which `_fuse` compares as whole sets."""
+    touching: list[list[int]] = [[] for _ in range(s.nranks)]
+    for t, tr in enumerate(s.transfers):
+        touching[tr.src].append(t)
+        touching[tr.dst].append(t)
+    by_rank: list[list[_Step]] = [[] for _ in range(s.nranks)]
+    for st in steps:
+        by_rank[st.rank].append(st)
+    deps = [tr.deps for tr in s.transfers]
+    fed: list[Fed] = []
+    for r in range(s.nranks):
+        own = {t: frozenset(steps_of[(t, r)]) for t in touching[r]}
+        near: dict[int, frozenset[_Step]] = {}
+        for t in touching[r]:
+            preds = _nearest(t, deps, own, near)
+            for st in own[t]:
+                st.preds = set(preds)
+        mine = by_rank[r]
+        _ancestry(mine)
+        counts: Fed = defaultdict(int)
+        for st in mine:
+            if st.stream[0] == "send":
+                for p in st.preds:
+                    if p.stream[0] == "recv":
+                        counts[(st.stream, p.stream)] += 1
+            whole = st.type == "r" or (st.twin is not None and st.twin.type == "r")
+            if not whole and len(st.preds) > 1:
+                latest: dict[Stream, _Step] = {}
+                for p in st.preds:
+                    if p.stream not in latest or p.key > latest[p.stream].key:
+                        latest[p.stream] = p
+                st.preds = set(latest.values())
+        fed.append(counts)
+    return fed
 
 
 def _fuse(steps: list[_Step], draining: set[tuple[int, Stream]]) -> list[_Step]:
@@ -373,8 +514,8 @@ def _fuse(steps: list[_Step], draining: set[tuple[int, Stream]]) -> list[_Step]:
     return [st for st in steps if st not in into]
 
 
-def _threadblocks(steps: list[_Step], rank: int,
-                  budget: int | None) -> tuple[dict[Stream, int], list[tuple[int, int, int]]]:  # fmt: skip
+def _threadblocks(steps: list[_Step], rank: int, budget: int | None,
+                  fed: Fed) -> tuple[dict[Stream, int], list[tuple[int, int, int]]]:  # fmt: skip
     """A rank's threadblocks (send, recv, chan): one per stream, except send/recv pairs of a
     channel merged where that adds no wait, and further, fewest waits first, as `budget`
     needs."""
@@ -400,7 +541,7 @@ def _threadblocks(steps: list[_Step], rank: int,
             )
     cap = MAX_THREADBLOCKS if budget is None else budget
     streams = sum(len(v) for v in sends.values()) + sum(len(v) for v in recvs.values())
-    pairs = _merge(members, sends, recvs, streams - cap)
+    pairs = _merge(members, sends, recvs, streams - cap, fed)
     if len(pairs) < streams - cap:
         raise MscclFormatError(
             f"gpu {rank} needs {streams - len(pairs)} threadblocks; the limit is {cap}"
@@ -434,21 +575,21 @@ def _threadblocks(steps: list[_Step], rank: int,
 
 
 def _merge(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
-           recvs: dict[int, list[int]], need: int) -> list[tuple[int, int, int]]:  # fmt: skip
+           recvs: dict[int, list[int]], need: int, fed: Fed) -> list[tuple[int, int, int]]:  # fmt: skip
     """Disjoint (send peer, recv peer, chan) pairs, cheapest first: every pair that adds no
     wait and cannot block (`_waiting`; it saves an SM for free, as msccl-tools' fused
     recv-send threadblocks do), then more until `need` pairs (fewer when no more exist); ties
     go to the pair whose sends forward more of its receives, then to fewer steps (balance)."""
-    _ancestry([st for lst in members.values() for st in lst])
     ranked: list[tuple[int, bool, int, int, int, int, int]] = []
     for chan in sorted(set(sends) & set(recvs)):
+        ykeys = {q: sorted(y.key for y in members[("recv", q, chan)]) for q in recvs[chan]}
         for p in sends[chan]:
-            xs = members[("send", p, chan)]
+            xs = sorted(members[("send", p, chan)], key=lambda x: x.key)
             for q in recvs[chan]:
                 ys = members[("recv", q, chan)]
-                added, blocks = _waiting(xs, ys)
-                fed = sum(1 for x in xs for pr in x.preds if pr.stream == ("recv", q, chan))
-                ranked.append((added, blocks, -fed, len(xs) + len(ys), chan, p, q))
+                added, blocks = _waiting(xs, ykeys[q], ("recv", q, chan))
+                fed_by = fed.get((("send", p, chan), ("recv", q, chan)), 0)
+                ranked.append((added, blocks, -fed_by, len(xs) + len(ys), chan, p, q))
     ranked.sort()
     out: list[tuple[int, int, int]] = []
     used: set[Stream] = set()
@@ -480,22 +621,21 @@ def _ancestry(steps: list[_Step]) -> None:
             count[st.stream] += 1
 
 
-def _waiting(xs: list[_Step], ys: list[_Step]) -> tuple[int, bool]:
-    """Receives of `ys` a merged threadblock runs before sends of `xs` that do not depend on
-    them (each a wait the separate streams did not have); and whether it sends more than a
-    FIFO holds before receiving (it may block for good if its peer does the same)."""
-    merged = sorted([*xs, *ys], key=lambda x: x.key)
-    seen = waits = queued = 0
+def _waiting(xs: list[_Step], ykeys: list[tuple[float, ...]], stream: Stream) -> tuple[int, bool]:
+    """Receives of `stream` (their keys, sorted) a merged threadblock runs before sends of `xs`
+    (sorted) that do not depend on them (each a wait the separate streams did not have); and
+    whether it sends more than a FIFO holds before receiving (it may block for good if its
+    peer does the same). Keys are unique on a rank, so bisection counts the receives before."""
+    waits = queued = 0
     blocks = False
-    stream = ys[0].stream
-    for st in merged:
-        if st.stream == stream:
-            seen += 1
-            queued = 0
-        else:
-            waits += max(0, seen - 1 - st.after.get(stream, -1))
-            queued += st.cnt
-            blocks |= queued > FIFO_CHUNKS
+    last = -1
+    for x in xs:
+        seen = bisect.bisect_left(ykeys, x.key)
+        if seen != last:  # a receive ran since the previous send: the FIFO drained
+            last, queued = seen, 0
+        waits += max(0, seen - 1 - x.after.get(stream, -1))
+        queued += x.cnt
+        blocks |= queued > FIFO_CHUNKS
     return waits, blocks
 
 
@@ -512,6 +652,17 @@ class MscclLowering:
     tb_meta: list[list[tuple[int, int, int]]]  # per rank: (send, recv, chan) per threadblock
     items_of: list[dict[int, list[Item]]]  # per rank: threadblock -> its steps in order
     channels_used: int
+    split_connections: int = 0  # connections dealt over more channels (`lower_msccl`)
+
+    def channels(self, nchannels: int | None) -> int:
+        """The file's nchannels: as asked, widened to the channels split connections took."""
+        if nchannels is None or (self.split_connections and nchannels < self.channels_used):
+            return max(self.channels_used, 1, nchannels or 0)
+        if nchannels < self.channels_used:
+            raise MscclFormatError(
+                f"nchannels={nchannels} but the schedule uses {self.channels_used} channels"
+            )
+        return nchannels
 
     @property
     def threadblocks(self) -> int:
@@ -528,6 +679,21 @@ class MscclLowering:
         n = self.schedule.nranks
         return max((xml_nodes(n, len(tbs), sum(len(x) for x in items.values()))
                     for tbs, items in zip(self.tb_meta, self.items_of, strict=True)), default=0)  # fmt: skip
+
+    def overflow(self, max_steps: int, used: int) -> dict[tuple[int, int, int], int]:
+        """Connections (src, dst, chan < `used`) served by threadblocks over `max_steps` steps,
+        with the factor by which the busiest of them overflows."""
+        out: dict[tuple[int, int, int], int] = {}
+        for r, items in enumerate(self.items_of):
+            for tb, lst in items.items():
+                if len(lst) <= max_steps:
+                    continue
+                p, q, chan = self.tb_meta[r][tb]
+                factor = -(-len(lst) // max_steps)
+                for conn in ((r, p, chan % used), (q, r, chan % used)):
+                    if min(conn[:2]) >= 0:
+                        out[conn] = max(out.get(conn, 0), factor)
+        return out
 
     @property
     def chunks_per_loop(self) -> int:
@@ -561,12 +727,7 @@ class MscclLowering:
     def render(self, *, name: str, proto: str, nchannels: int | None = None, min_bytes: int = 0,
                max_bytes: int | None = None, inplace: bool = False) -> str:  # fmt: skip
         s, lay = self.schedule, self.layout
-        if nchannels is None:
-            nchannels = max(self.channels_used, 1)
-        elif nchannels < self.channels_used:
-            raise MscclFormatError(
-                f"nchannels={nchannels} but the schedule uses {self.channels_used} channels"
-            )
+        nchannels = self.channels(nchannels)
         algo = ET.Element("algo")
         attrs = {
             "name": name,
@@ -601,12 +762,12 @@ class MscclLowering:
 
 
 def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[int, int]],
-            budget: int | None) -> MscclLowering:  # fmt: skip
+            budget: int | None, fed: list[Fed]) -> MscclLowering:  # fmt: skip
     """Threadblocks per rank, each one's steps in order with the nops its dependencies need."""
     by_rank: list[list[_Step]] = [[] for _ in range(s.nranks)]
     for st in steps:
         by_rank[st.rank].append(st)
-    placed = [_threadblocks(by_rank[r], r, budget) for r in range(s.nranks)]
+    placed = [_threadblocks(by_rank[r], r, budget, fed[r]) for r in range(s.nranks)]
     draining = {(r, ("recv", q, c)) for r, (_, tbs) in enumerate(placed) for p, q, c in tbs
                 if p < 0 and q >= 0}  # fmt: skip
     by_rank = [[] for _ in range(s.nranks)]

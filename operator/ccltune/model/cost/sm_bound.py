@@ -1,0 +1,78 @@
+"""A lower bound at an SM budget: no schedule on <= T threadblocks per GPU runs faster.
+
+The simulator (sim/simulate.py) charges every transfer to a threadblock side on its sender and
+one on its receiver, each carrying at most the protocol's per-threadblock payload rate r
+(cost/gpu.py); a GPU running T threadblocks has at most T receive sides and T send sides. No
+byte flows before the call's launch and the transfer's own latency (one protocol step plus the
+cheapest path into or out of the GPU). So by time t a GPU has received at most
+T r (t - launch - alpha) bytes, and for any schedule and protocol p
+
+    t >= max(floor_p, launch_p + alpha_p + D / (T r_p))
+
+where D is the bytes the busiest GPU must receive (or send), M = nccl-tests size, N ranks:
+  allgather, reducescatter, alltoall   (N-1)/N M   (every rank receives, or sends, that much)
+  allreduce                            2 (N-1)/N M (the one-way gossip minimum, bounds.py,
+                                                     averaged over the ranks)
+  broadcast                            M           (every non-root receives the whole buffer)
+The bound at the budget is the larger of this, under the most favourable protocol, and the link
+bound (bounds.lower_bound): it equals the link bound where threadblocks do not bind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...api.cluster import ClusterTopology
+from ...api.common import Collective
+from .bounds import graph_of
+from .gpu import GpuPhysics, gpu_physics
+from .protocols import BASE_LAT, PROTOCOLS, Hw, step_overhead_us
+
+
+@dataclass(frozen=True, slots=True)
+class SmBound:
+    time_us: float  # 0.0 when the GPU's threadblock rates are unknown (no cap modelled)
+    protocol: str  # the protocol giving the smallest (binding) value; "" when none
+    threadblocks: int
+
+
+def demand_bytes(collective: Collective | str, nranks: int, size_bytes: float) -> float:
+    """Bytes the busiest GPU must receive (or send) in one call (table above)."""
+    coll, n, m = Collective(collective), nranks, float(size_bytes)
+    if n <= 1:
+        return 0.0
+    if coll == Collective.ALLREDUCE:
+        return 2.0 * (n - 1) / n * m
+    if coll == Collective.BROADCAST:
+        return m
+    return (n - 1) / n * m
+
+
+def sm_bound(collective: Collective | str, size_bytes: float, topo: ClusterTopology,
+             threadblocks: int, *, gpu: GpuPhysics | None = None) -> SmBound:  # fmt: skip
+    """The threadblock bound alone, minimised over the protocols (`gpu`: default the topology's
+    GPU). The step cost is each protocol's cheapest over NCCL's hardware classes, so the bound
+    holds whichever link kind the simulator is given."""
+    if threadblocks < 1:
+        raise ValueError(f"threadblocks must be >= 1, got {threadblocks}")
+    phys = gpu or gpu_physics(topo.gpu_model)
+    n = topo.world_size
+    if phys is None or n <= 1:
+        return SmBound(0.0, "", threadblocks)
+    g = graph_of(topo)
+    need = demand_bytes(collective, n, size_bytes)
+    best = (float("inf"), "")
+    for i, p in enumerate(PROTOCOLS):
+        step = min(step_overhead_us(p, hw) for hw in Hw)
+        # Earliest any byte can enter or leave some GPU (routes through a relay cost a step).
+        alpha = step + min(min(g.nearest(r, step)) for r in range(n))
+        launch = BASE_LAT["ring"][i]  # MSCCL's kernel is charged as NCCL's ring launch
+        t = launch + alpha + need / (threadblocks * phys.tb(p) * 1e3)
+        best = min(best, (max(t, phys.floor_us.get(p, 0.0)), p))
+    return SmBound(best[0], best[1], threadblocks)
+
+
+def budget_bound_us(collective: Collective | str, size_bytes: float, topo: ClusterTopology,
+                    threadblocks: int, link_bound_us: float) -> float:  # fmt: skip
+    """The bound at the SM budget: the larger of the link bound and the threadblock bound."""
+    return max(link_bound_us, sm_bound(collective, size_bytes, topo, threadblocks).time_us)
