@@ -390,7 +390,7 @@ def nccl_protocol_cost(
 
 # NCCL's schedule per (collective, algorithm, chunks, channels) on the last topology: a sweep's
 # sizes share a few shapes (21 sizes, 4-5 shapes on h800-rail-64) and building one is Python
-# per transfer (0.3 s at 512 ranks). The arrays are only read after `tb` is set below.
+# per transfer (0.3 s at 512 ranks). Shared, so never written after they are cached.
 _SCHEDULES: dict[tuple[Collective, str, int, int], ScheduleArrays] = {}
 _SCHEDULES_TOPO: list[ClusterTopology] = []
 _SCHEDULES_MAX = 8
@@ -405,7 +405,12 @@ def _schedule(coll: Collective, algo: str, topo: ClusterTopology, chunks: int,
     if key not in _SCHEDULES:
         if len(_SCHEDULES) >= _SCHEDULES_MAX:
             _SCHEDULES.pop(next(iter(_SCHEDULES)))
-        _SCHEDULES[key] = nccl_schedule_arrays(coll, algo, topo, chunks=chunks, channels=channels)
+        sched = nccl_schedule_arrays(coll, algo, topo, chunks=chunks, channels=channels)
+        # NCCL's kernels run one threadblock per channel (rings and trees alike); p2p alltoall
+        # one per peer connection (tb None: one per (channel, peer)).
+        if coll != Collective.ALLTOALL:
+            sched.tb = sched.channel
+        _SCHEDULES[key] = sched
     return _SCHEDULES[key]
 
 
@@ -444,10 +449,6 @@ def default_estimate(
     )
     sched = _schedule(coll, sched_algo, topo, chunks, sim_channels)
     cost = nccl_protocol_cost(coll, algo, proto, size_bytes, channels, topo, g)
-    # NCCL's kernels run one threadblock per channel (rings and trees alike); p2p alltoall one
-    # per peer connection (tb None: one per (channel, peer)).
-    if coll != Collective.ALLTOALL:
-        sched.tb = sched.channel
     if coll != Collective.ALLTOALL and cost.tb_gbps is not None and sim_channels < channels:
         # Each simulated channel stands for channels / sim_channels of NCCL's threadblocks (else
         # a 512-rank ring squeezed into 1 simulated channel runs at one threadblock's rate).

@@ -152,7 +152,7 @@ def _same_but_protocol(seen: _Read | None, head: str) -> ReadBack | None:
     proto, attrs = got.group(1), seen.attrs
     order = execute(seen.prog, slots_per_step(proto, int(attrs["maxBytes"]),
                                               int(attrs["nchunksperloop"])))  # fmt: skip
-    if getattr(_same_but_protocol, "strict", True) and tuple(x.uid for x in order) != seen.order:
+    if tuple(x.uid for x in order) != seen.order:
         return None
     rb = seen.result
     sched = replace(rb.schedule, protocol=proto, transfers=list(rb.schedule.transfers))
