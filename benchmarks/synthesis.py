@@ -18,6 +18,7 @@ is reported as such, never left to take the machine down. The CLI's `--time-budg
 is raised to 600 s so that the machine's load does not cut the evaluation short.
 
     .venv/bin/python benchmarks/synthesis.py                      # the issue 18 rows
+    .venv/bin/python benchmarks/synthesis.py --grid               # every collective x fabric
     .venv/bin/python benchmarks/synthesis.py --rows h800-rail-64:allgather --max-threadblocks 32
 """
 
@@ -50,6 +51,12 @@ ROWS = (
 )
 
 TARGETS = {(Path(c).name, k): t for c, k, _, t in ROWS if t is not None}
+# `--grid`: every collective issue 18 grades on every fabric it names.
+GRID_CLUSTERS = ("syccl-a800-16", "h800-rail-64", "h800-rail-512", FABRIC_3TIER, "v100-cubemesh-4",
+                 "mi300x-8")  # fmt: skip
+GRID_COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
+# Issue 18's quality targets at >= 64 MiB, read against the bound at the SM budget.
+QUALITY_TARGET = {"allgather": 90.0, "reducescatter": 90.0, "allreduce": 85.0, "alltoall": 85.0}
 
 
 def _machine() -> str:
@@ -119,7 +126,11 @@ def _quality(summary: dict[str, object]) -> dict[str, str]:
     tbs = max((r["threadblocks"] for r in ranges if r["kind"] == "msccl"), default=0)
     timings = summary["timingsS"]
     assert isinstance(timings, dict)
+    goal = QUALITY_TARGET.get(str(summary["collective"]))
+    verdict = "-" if goal is None or not big else (
+        f"{goal:g}%: {'met' if at_budget >= goal else 'missed'}")  # fmt: skip
     return {
+        "goal": verdict,
         "pct": f"{pct:.1f}%", "budget": f"{at_budget:.1f}%", "small": small_txt,
         "worst": f"{min(speed):.2f}x", "last": f"{speed[-1]:.2f}x",
         "tb": f"{summary['maxThreadblocks']} / {tbs or '-'}",
@@ -158,8 +169,12 @@ def main() -> None:
     ap.add_argument("--time-budget", type=float, default=600.0, help="the CLI's --time-budget")
     ap.add_argument("--max-threadblocks", type=int, default=None,
                     help="SM budget per GPU (default: the CLI's, NCCL's channel count)")  # fmt: skip
+    ap.add_argument("--grid", action="store_true",
+                    help="every collective issue 18 grades on every fabric it names")  # fmt: skip
     args = ap.parse_args()
     rows = [(c, k, 0, None) for c, k in (r.rsplit(":", 1) for r in args.rows.split(",") if r)]
+    if args.grid:
+        rows = [(c, k, 0, None) for c in GRID_CLUSTERS for k in GRID_COLLECTIVES]
     extra = ["--time-budget", str(args.time_budget)]
     if args.max_threadblocks is not None:
         extra += ["--max-threadblocks", str(args.max_threadblocks)]
@@ -169,10 +184,11 @@ def main() -> None:
     print()
     print("| cluster | GPUs | collective | wall s | CPU s | peak RSS MB | synthesis s (self) | "
           "files (MB) | worst % of link bound >= 64M | worst % of budget bound >= 64M | "
+          "quality target | "
           "worst time / NCCL's <= 256K (>= 64 GPUs) | worst vs NCCL on the same channels "
           ">= 64M | worst vs NCCL | vs NCCL at max | "
           "SM budget / TBs used | budget out | wall target |")  # fmt: skip
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|")
     for cluster, coll, gpus, target in rows or ROWS:
         r = run_row(cluster, coll, args.sizes, args.timeout, args.mem_cap_gb, extra)
         name = Path(cluster).name if "/" in cluster else cluster
@@ -189,7 +205,8 @@ def main() -> None:
             q["same"] = _vs_nccl_at(cluster, summ, args.max_threadblocks)
         print(f"| {name} | {gpus or '?'} | {coll} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
               f"{r['rss_mb']:.0f} | {q.get('synth', '-')} | {r['files']} ({r['xml_mb']:.1f}) | "
-              f"{q.get('pct', '-')} | {q.get('budget', '-')} | {q.get('small', '-')} | "
+              f"{q.get('pct', '-')} | {q.get('budget', '-')} | {q.get('goal', '-')} | "
+              f"{q.get('small', '-')} | "
               f"{q.get('same', '-')} | "
               f"{q.get('worst', '-')} | {q.get('last', '-')} | "
               f"{q.get('tb', '-')} | {q.get('out', '-')} | {tgt}{'; ' if tgt and status else ''}"

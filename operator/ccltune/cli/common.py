@@ -3,26 +3,30 @@
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-import yaml
-from pydantic import ValidationError
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
-from ..api.errors import InputError, problems
+if TYPE_CHECKING:
+    from rich.table import Table
 
+# pydantic, yaml and the API's errors load with the models that raise them, not with the CLI:
+# `ccltune synthesize --help` needs none of them (user_errors looks them up in sys.modules).
 console = Console()
 err_console = Console(stderr=True)
 
+
 def size_table(title: str, columns: list[str], caption: str) -> Table:
     """Per-size results that fit 80 columns without cutting numbers (no wrapping, no edges)."""
+    from rich import box
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left",
                   box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True, pad_edge=False)  # fmt: skip
     for col in columns:
@@ -83,19 +87,35 @@ def user_errors(prefix: str = "") -> Iterator[None]:
         yield
     except typer.Exit:
         raise
-    except ValidationError as exc:
-        fail_input(problems(exc, prefix))
-    except InputError as exc:
-        fail_input(exc.problems)
-    except yaml.YAMLError as exc:
-        fail(str(exc).splitlines()[0] if str(exc) else "malformed YAML")
     except OSError as exc:
         fail(_os_message(exc))
     except Exception as exc:
+        # A class whose module was never imported cannot have been raised.
+        if isinstance(exc, _loaded("pydantic", "ValidationError")):
+            from ..api.errors import problems
+
+            fail_input(problems(exc, prefix))
+        if isinstance(exc, _loaded("ccltune.api.errors", "InputError")):
+            fail_input(exc.problems)
+        if isinstance(exc, _loaded("yaml", "YAMLError")):
+            fail(str(exc).splitlines()[0] if str(exc) else "malformed YAML")
         fail_internal(exc)
 
 
+class _NotLoaded(Exception):
+    """Stands for an exception class whose module is not imported: nothing raised it."""
+
+
+def _loaded(module: str, name: str) -> type[Any]:
+    cls = getattr(sys.modules.get(module), name, _NotLoaded)
+    return cls if isinstance(cls, type) else _NotLoaded
+
+
 def read_yaml_documents(path: Path) -> list[Any]:
+    import yaml
+
+    from ..api.errors import InputError
+
     if not path.exists():
         raise InputError(f"{path}: no such file")
     try:
@@ -108,6 +128,8 @@ def read_yaml_documents(path: Path) -> list[Any]:
 
 def ccltuning_document(path: Path) -> dict[str, Any]:
     """The first CCLTuning in a YAML file (other documents are ignored)."""
+    from ..api.errors import InputError
+
     docs = read_yaml_documents(path)
     for doc in docs:
         if isinstance(doc, dict) and doc.get("kind") == "CCLTuning":

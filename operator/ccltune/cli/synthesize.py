@@ -4,28 +4,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from ..api.cluster import ClusterTopology
-from ..api.common import Collective, format_size, parse_size
-from ..api.errors import InputError
-from ..model.cost.sm_bound import budget_bound_us
-from ..model.formats.msccl.limits import MAX_THREADBLOCKS
-from ..synth.engine import (
-    DEFAULT_WORK_BUDGET,
-    SynthesisDeadline,
-    SynthesisResult,
-    synthesize,
-)
-from ..topology.load import load_cluster
+# Only what `--help` needs is imported here; the models, numpy and the engine load when the
+# command runs, so `--help` and typer's own argument errors never load them (docs/cli-startup.md).
+from ..synth import DEFAULT_WORK_BUDGET
 from .common import console, fail, size_table, user_errors
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from ..api.cluster import ClusterTopology
+    from ..synth.engine import SynthesisResult
 
 
 def parse_sizes(text: str) -> list[int]:
     """'1K:1G' (every power of two, as nccl-tests -f 2), '1K,64K,1M', or one size."""
+    from ..api.common import parse_size
+    from ..api.errors import InputError
+
     text = text.strip()
     if ":" in text:
         lo_s, hi_s = text.split(":", 1)
@@ -43,12 +42,16 @@ def parse_sizes(text: str) -> list[int]:
 
 def budget_bounds(res: SynthesisResult, topo: ClusterTopology) -> list[float]:
     """Per size: the bound at the files' SM budget (model/cost/sm_bound.py), µs."""
+    from ..model.cost.sm_bound import budget_bound_us
+
     return [budget_bound_us(res.collective, s.size_bytes, topo, res.max_threadblocks, s.bound_us)
             for s in res.sizes]  # fmt: skip
 
 
 def _table(res: SynthesisResult, budget: list[float]) -> Table:
     """Synthesized choices as range tags (#1, #2...): the ranges and their labels follow."""
+    from ..api.common import format_size
+
     t = size_table(
         f"{res.collective.value} on {res.cluster} ({res.nranks} ranks)",
         ["size", "choice", "time", "NCCL", "bound", "busbw", "% bound", "% budget", "vs NCCL"],
@@ -103,6 +106,13 @@ def synthesize_cmd(
     ),
 ) -> None:
     """Synthesize schedules per size range (SyCCL) and write MSCCL algorithm files."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..api.common import Collective, format_size
+    from ..model.formats.msccl.limits import MAX_THREADBLOCKS
+    from ..synth.engine import SynthesisDeadline, synthesize
+    from ..topology.load import load_cluster
+
     with user_errors():
         if (cluster is None) == (network is None):
             fail("give exactly one of --cluster PRESET|FILE or --network ASTRA.yaml")

@@ -36,7 +36,7 @@ def stage_demand(dims: list[Dimension], stage: Stage, symmetric: bool, pieces: i
     group = GroupTopo.of(d)
     if stage.kind == "relay":
         return SubDemand(group, (0,), (stage.offset,), symmetric, pieces)
-    return SubDemand(group, (0,), tuple(range(1, d.size)), symmetric, pieces)
+    return SubDemand(group, (0,), tuple(sorted(stage.targets(d.size))), symmetric, pieces)
 
 
 class Patterns:
@@ -72,6 +72,8 @@ class Builder:
         self.reduce: list[bool] = []
         self.channel: list[int] = []
         self.deps: list[tuple[int, ...]] = []
+        self.stage: list[int] = []  # sketch stage each transfer belongs to (bundle_roots)
+        self.at_stage = 0
 
     def add(self, src: int, dst: int, chunk: int, deps: tuple[int, ...], count: int = 1,
             channel: int = 0, reduce: bool = False, stream: int | None = None) -> int:  # fmt: skip
@@ -89,6 +91,7 @@ class Builder:
         self.reduce.append(reduce)
         self.channel.append(channel)
         self.deps.append(deps)
+        self.stage.append(self.at_stage)
         return len(self.src) - 1
 
     def __len__(self) -> int:
@@ -178,6 +181,7 @@ def broadcast_trees(
         for t, arrival, active in zip(trees, arrivals, actives, strict=True):
             if k < len(t.sketch.stages):
                 stage = t.sketch.stages[k]
+                b.at_stage = k
                 active[:] = _stage(fab, stage, patterns, root if stream else None, root, t,
                                    arrival, active, b, symmetric)  # fmt: skip
     return arrivals
@@ -203,7 +207,9 @@ def _stage(fab: Fabric, stage: Stage, patterns: Patterns, stream: int | None, ro
         if stage.kind == "relay":
             new_active.append(fab.shifted(a, stage.dim, stage.offset))
         else:
-            new_active.extend(fab.shifted(a, stage.dim, q) for q in range(fab.sizes[stage.dim]))
+            new_active.append(a)
+            new_active.extend(fab.shifted(a, stage.dim, q)
+                              for q in stage.targets(fab.sizes[stage.dim]))  # fmt: skip
     return new_active
 
 
@@ -237,6 +243,82 @@ def allgather_root0(fab: Fabric, columns: list[Column], patterns: Patterns, piec
     broadcast_trees(fab, trees, patterns, 0, b, symmetric=True, stream=False)
     return b.arrays(name, Collective.ALLGATHER, fab.nranks, cpr,
                     channels=min(len(blocks), MAX_CHANNELS))  # fmt: skip
+
+
+def split_columns(columns: list[Column]) -> bool:
+    """Whether a candidate uses a virtual split (sketch.Stage.span): its AllGather is bundled."""
+    return any(st.span for c in columns for st in c.sketch.stages)
+
+
+def allgather_bundled(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int,
+                      name: str, max_count: int = 64) -> ScheduleArrays:  # fmt: skip
+    """AllGather whose transfers carry several roots' chunks: every root's broadcast (root 0's
+    translated), then the transfers one GPU sends to one peer in the same stage and hop that
+    move consecutive chunks merged into one of count <= `max_count`.
+
+    Why: one step per chunk and root is 511 receives and 511 sends per GPU on 512 GPUs, more
+    than 16 threadblocks of the executor's 64 steps hold. After an NVSwitch-first stage a GPU
+    forwards its node's 8 chunks, consecutive slots, as one step; after rail parts 32 and 128.
+    Deps: the union of the merged transfers' (a merged transfer waits for all its chunks), and
+    each connection's transfers in (stage, hop, chunk) order, one in flight (NCCL's FIFO).
+    Both orders only go from a smaller (stage, hop, chunk) to a larger: no cycle. The result
+    is not one root's translate, so the simulator runs it in full (fewer, larger transfers)."""
+    b = Builder()
+    blocks = _split(columns, pieces)
+    cpr = len(blocks) * pieces
+    trees = [Tree(sk, range(off, off + k)) for sk, off, k in blocks]
+    broadcast_trees(fab, trees, patterns, 0, b, symmetric=True, stream=False)
+    t, n = len(b), fab.nranks
+    stage = np.asarray(b.stage, dtype=np.int64)
+    hop = np.zeros(t, dtype=np.int64)  # hops inside its stage (a pattern may relay)
+    for i, deps in enumerate(b.deps):
+        same = [hop[d] + 1 for d in deps if stage[d] == stage[i]]
+        hop[i] = max(same, default=0)
+    key0 = stage * (int(hop.max()) + 1) + hop
+    grp = Translations(fab.sizes)
+    roots = np.arange(n, dtype=np.int64)[:, None]
+    src = grp.add(roots, np.asarray(b.src, dtype=np.int64)[None, :]).ravel()
+    dst = grp.add(roots, np.asarray(b.dst, dtype=np.int64)[None, :]).ravel()
+    chunk = (np.asarray(b.chunk, dtype=np.int64)[None, :] + roots * cpr).ravel()
+    key = np.tile(key0, n)
+    if any(c != 1 for c in b.count):
+        raise AssertionError("bundling expects one chunk per transfer")
+    order = np.lexsort((chunk, key, dst, src))
+    s_, d_, k_, c_ = src[order], dst[order], key[order], chunk[order]
+    brk = np.ones(len(order), dtype=bool)
+    brk[1:] = (
+        (s_[1:] != s_[:-1]) | (d_[1:] != d_[:-1]) | (k_[1:] != k_[:-1]) | (c_[1:] != c_[:-1] + 1)
+    )
+    first = np.maximum.accumulate(np.where(brk, np.arange(len(order)), 0))
+    start = brk | ((np.arange(len(order)) - first) % max_count == 0)
+    run = np.cumsum(start) - 1
+    runs = int(run[-1]) + 1
+    new_of = np.empty(len(order), dtype=np.int64)
+    new_of[order] = run
+    heads = np.flatnonzero(start)
+    m_src, m_dst, m_chunk = s_[heads], d_[heads], c_[heads]
+    m_count = np.diff(np.append(heads, len(order)))
+    # Data deps of every original transfer, root r's on root r's transfers, mapped to runs.
+    ptr0 = np.zeros(t + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in b.deps], out=ptr0[1:])
+    idx0 = np.fromiter((x for dd in b.deps for x in dd), dtype=np.int64, count=int(ptr0[-1]))
+    owner0 = np.repeat(np.arange(t, dtype=np.int64), np.diff(ptr0))
+    owner = (roots * t + owner0[None, :]).ravel()
+    dep = (roots * t + idx0[None, :]).ravel()
+    edges = [new_of[owner] * runs + new_of[dep]]
+    same_conn = (m_src[1:] == m_src[:-1]) & (m_dst[1:] == m_dst[:-1])
+    q = np.flatnonzero(same_conn) + 1
+    edges.append(q * runs + (q - 1))  # FIFO: the previous run on the connection
+    e = sorted_unique(np.concatenate(edges))
+    e = e[e // runs != e % runs]
+    ptr = np.zeros(runs + 1, dtype=np.int64)
+    np.cumsum(np.bincount(e // runs, minlength=runs), out=ptr[1:])
+    return ScheduleArrays(
+        name=name, collective=Collective.ALLGATHER, nranks=n, chunks_per_rank=cpr,
+        src=m_src.astype(np.int32), dst=m_dst.astype(np.int32), chunk=m_chunk,
+        count=m_count.astype(np.int32), reduce=np.zeros(runs, dtype=bool),
+        channel=np.zeros(runs, dtype=np.int32), dep_ptr=ptr, dep_idx=e % runs, channels=1,
+    )  # fmt: skip
 
 
 def translate_roots(fab: Fabric, one: ScheduleArrays, cpr: int,
@@ -466,6 +548,9 @@ def _scatter(fab: Fabric, sk: Sketch, root: int, off: int, k: int, cpr: int, b: 
             for dest in dests:
                 if stage.kind == "relay":
                     target = (here + stage.offset) % g.size if holder == root else here
+                elif stage.span:  # a virtual sub-group: this stage's digit of the distance
+                    digit = (fab.coord(dest, d) - here) % g.size // stage.stride % stage.span
+                    target = (here + digit * stage.stride) % g.size
                 else:
                     target = fab.coord(dest, d)
                 if target == here:

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
+from ..api.cluster import ClusterTopology, Dimension, LinkKind
 from ..api.common import Collective
+from ..model.cost.gpu import gpu_physics
 from ..model.sim.translations import Translations
 from . import assemble as asm
 from .quiet import new_highs
@@ -40,6 +42,22 @@ class Candidate:
 
     def estimate_us(self, size: int) -> float:
         return self.latency_us + self.bw_us_per_byte * size
+
+
+def port_payload_gbps(topo: ClusterTopology, dims: list[Dimension]) -> list[float]:
+    """Per dimension, the payload GB/s of a GPU's port as the simulator runs it: dimensions
+    inside a node on NVLink at the GPU's SM-copy efficiency (model/sim/capacity.py), others at
+    line rate. Without it the LP balances NVLink at 1/0.8 of what it carries."""
+    phys = gpu_physics(topo.gpu_model)
+    eff = phys.nvlink_efficiency if phys else 1.0
+    gpu = topo.gpu_id(0)
+    nvlink = any(LinkKind(link.kind) == LinkKind.NVLINK and gpu in (link.a, link.b)
+                 for link in topo.links)  # fmt: skip
+    out, span = [], 1
+    for d in dims:
+        span *= d.size
+        out.append(d.bandwidth_gbps * (eff if nvlink and span <= topo.gpus_per_node else 1.0))
+    return out
 
 
 def _loads(fab: asm.Fabric, coll: Collective, sk: Sketch, patterns: asm.Patterns,
@@ -141,12 +159,15 @@ def _tb_rows(offs: list[dict[int, float]], k: dict[int, int], scale: float) -> l
 
 def candidates(fab: asm.Fabric, coll: Collective, sketches: list[Sketch], patterns: asm.Patterns,
                sizes: list[int], *, root: int = 0, top_k: int = 3,
-               threadblocks: int | None = None,
-               tb_gbps: float | None = None) -> list[Candidate]:  # fmt: skip
+               threadblocks: int | None = None, tb_gbps: float | None = None,
+               port_gbps: list[float] | None = None) -> list[Candidate]:  # fmt: skip
     """Candidates ranked by their link loads and, given the SM budget (`threadblocks` per GPU,
     each moving `tb_gbps`), by their threadblocks' loads: with few threadblocks per peer a
-    sketch that is best for the links can be worst for the threadblocks (docs/synthesis.md)."""
+    sketch that is best for the links can be worst for the threadblocks (docs/synthesis.md).
+    `port_gbps`: per dimension, the payload GB/s a GPU's port moves as the simulator runs it
+    (NVLink x the SM-copy efficiency, `port_payload_gbps`); default the dimensions' line rate."""
     dims = fab.dims
+    port = port_gbps or [d.bandwidth_gbps for d in dims]
     n = fab.nranks
     frac = _chunk_fraction(coll, n)
     phases = 2 if coll == Collective.ALLREDUCE else 1
@@ -162,11 +183,11 @@ def candidates(fab: asm.Fabric, coll: Collective, sketches: list[Sketch], patter
     ports: list[tuple[int, int, str]]
     if single:
         ports = sorted({p for _, _, loads, _ in cols for p in loads})
-        rows = [[loads.get(p, 0.0) * frac / (dims[p[1]].bandwidth_gbps * 1e3) for _, _, loads, _ in cols]
+        rows = [[loads.get(p, 0.0) * frac / (port[p[1]] * 1e3) for _, _, loads, _ in cols]
                 for p in ports]  # fmt: skip
     else:
         per = [_per_dim(loads, len(dims)) for _, _, loads, _ in cols]
-        rows = [[per[i][d] * frac / (dims[d].bandwidth_gbps * 1e3) for i in range(len(cols))]
+        rows = [[per[i][d] * frac / (port[d] * 1e3) for i in range(len(cols))]
                 for d in range(len(dims))]  # fmt: skip
     # Threadblock sides (symmetric collectives: every GPU alike, so root 0's offsets suffice).
     tb_scale = 0.0
@@ -208,12 +229,20 @@ def candidates(fab: asm.Fabric, coll: Collective, sketches: list[Sketch], patter
     fastest_small = min(pure, key=lambda c: (c.label in over, c.estimate_us(small)))
     if fastest_small not in chosen:
         chosen.append(fastest_small)
-    # LP mix over all columns: links only, then with the threadblocks dealt by the last mix.
-    w = _lp(rows)
-    _, k = tb_objective([1.0] * len(cols))
+    # LP mix over all columns of the lead's virtual split (sketch.Sketch.split; one split unless
+    # none fits the budget unsplit): links only, then with the threadblocks dealt by the last mix.
+    split = ranked[0].columns[0].sketch.split(dims)
+    other = [0.0 if cp.split(dims) == split else 1.0 for _, cp, _, _ in cols]
+    if any(other):  # splits differ in peers: a mix across them would need the union
+        big_row = max(max(r) for r in rows) * 1e6
+        rows_lp = [*rows, [x * big_row for x in other]]
+    else:
+        rows_lp = rows
+    w = _lp(rows_lp)
+    _, k = tb_objective([1.0 - x for x in other])
     if tb_scale and k is not None:
         for _ in range(3):
-            w_tb = _lp(rows + _tb_rows(offs, k, tb_scale))
+            w_tb = _lp(rows_lp + _tb_rows(offs, k, tb_scale))
             z_tb, k_next = tb_objective(w_tb)
             if max(_objective(w_tb, rows), z_tb) < max(_objective(w, rows), tb_objective(w)[0]):
                 w = w_tb

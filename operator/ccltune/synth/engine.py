@@ -48,8 +48,9 @@ from ..model.nccl.default import default_estimate, nccl_default, nccl_graph
 from ..model.schedule.ir import ScheduleArrays
 from ..model.sim.routing import Router
 from ..model.sim.simulate import simulate
+from . import DEFAULT_WORK_BUDGET
 from . import assemble as asm
-from .combine import Candidate, candidates
+from .combine import Candidate, candidates, port_payload_gbps
 from .milp import SubSchedule
 from .shard import solve_all
 from .sketch import SearchStats, Sketch, search
@@ -123,10 +124,6 @@ class SynthesisResult:
     schedules: dict[str, ScheduleArrays] = field(default_factory=dict)
 
 
-# Work units: transfers assembled or simulated (a schedule of T transfers simulated once costs
-# T, whatever engine runs it). h800-rail-512 AllGather at 1K:1G spent 34M, h800-rail-64 1.8M
-# (docs/synthesis-scale.md): the default leaves ~60x room above the presets measured.
-DEFAULT_WORK_BUDGET = 2_000_000_000
 
 
 class SynthesisDeadline(RuntimeError):
@@ -204,7 +201,8 @@ def synthesize(
 
     dims = topo.dimensions
     fab = asm.Fabric(dims)
-    sketches, stats = search(dims, relays=True)
+    # One threadblock per peer at least: sketches with more peers than the budget cannot run.
+    sketches, stats = search(dims, relays=True, max_peers=result.max_threadblocks)
     result.stats = stats
     say(stats.line(), 0.05)
 
@@ -217,7 +215,8 @@ def synthesize(
     phys = gpu_physics(topo.gpu_model)  # large sizes, where threadblocks bind, run Simple
     cands = candidates(fab, coll, sketches, asm.Patterns(coarse), sizes, root=root, top_k=top_k,
                        threadblocks=result.max_threadblocks,
-                       tb_gbps=phys.tb("Simple") if phys else None)  # fmt: skip
+                       tb_gbps=phys.tb("Simple") if phys else None,
+                       port_gbps=port_payload_gbps(topo, dims))  # fmt: skip
     result.timings["combine_s"] = time.perf_counter() - t0 - result.timings["coarse_s"]
 
     # Fine step for the kept candidates.

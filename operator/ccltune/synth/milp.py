@@ -158,6 +158,11 @@ def greedy(demand: SubDemand) -> list[tuple[int, int, int, int]]:
     links = g.links()
     hold = [demand.holders(p) for p in range(demand.pieces)]
     need = {(p, r) for p in range(demand.pieces) for r in demand.receivers if r not in hold[p]}
+    # A switch's sub-group in symmetric mode (a virtual split's stage, synth/sketch.py): direct
+    # sends meet the bound, and receivers relaying to each other would add peer offsets the
+    # stage does not have (i - j for j > i), each a threadblock more.
+    direct = (cap.switch and demand.symmetric and not demand.origins
+              and len(demand.sources) + len(demand.receivers) < g.size)  # fmt: skip
     sends: list[tuple[int, int, int, int]] = []
     t = 0
     while need:
@@ -166,6 +171,8 @@ def greedy(demand: SubDemand) -> list[tuple[int, int, int, int]]:
         shift = t % max(1, len(links))
         order = links[shift:] + links[:shift]
         for u, v in [lk for lk in order for _ in range(g.capacity(*lk))]:
+            if direct and u not in demand.sources:
+                continue
             res = cap.resources(u, v)
             if any(used.get(r, 0) >= cap.limit(r) for r in res):
                 continue

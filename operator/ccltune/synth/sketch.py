@@ -6,7 +6,13 @@ acting sources take part. Sub-demands (relative to the acting source of a group)
 - `relay` (offset o): hand the data to the GPU o positions away; from then on that GPU acts as
   the source (the old one keeps its copy);
 - `spread`: send to every other GPU of the group (all of them act from then on).
-Partial spreads are not stages of their own: the sub-demand MILP already routes inside a group.
+- `spread` over a virtual sub-group (`span` < size, switch dimensions only): send to the GPUs
+  `stride`, 2 `stride`, ... (`span` - 1) `stride` positions away. Consecutive sub-spreads of one
+  switch (spans a1, a2, ... with product its size) are a virtual split of it, e.g. 64 -> 4 x 4 x 4:
+  3 + 3 + 3 peers per GPU instead of 63, for the same port load (a switch carries g - 1 chunks
+  per GPU whichever way). They are searched only when no unsplit sketch fits the peer budget.
+Other partial spreads are not stages of their own: the sub-demand MILP already routes inside a
+group.
 
 The search enumerates these stage sequences depth first (up to 2 stages per dimension), counting
 every sequence it generates, and applies SyCCL's three prunings as filters, in the paper's order;
@@ -17,7 +23,10 @@ a sequence a filter removes is not extended:
 2. forced consistency (`consistent`): all isomorphic groups holding data run the same
    sub-demand, so a stage in which only some of the G groups take part is removed;
 3. bounded relays (`relays_bounded`): at most `max_relays` relay hops, all before the first
-   spread.
+   spread;
+and, given `max_peers` (the SM budget: an MSCCL threadblock has one send and one receive peer),
+4. bounded peers (`peers`): a sequence whose GPUs send to more peer offsets than `max_peers`
+   cannot become a file within the budget, nor can any extension of it.
 A complete sequence (every GPU holds the data) that passes all three is a sketch. The counts
 `search` returns are the sequences actually generated and those surviving each filter; the
 search stops after `limit` generated sequences (work, not seconds) and says so.
@@ -35,7 +44,10 @@ from ..api.cluster import Dimension
 # enumerates 3,286, a 3-tier 8 x 16 x 8 fabric (1,024 GPUs) 27,261.
 MAX_ENUMERATED = 200_000
 MAX_RELAYS = 1  # SyCCL's bounded relays: one relay hop, before any spread
-FILTERS = ("isomorphism", "consistency", "relays")
+# Parts a virtual split cuts a switch into (64 -> 4 x 4 x 4 at most 3): each part is a stage
+# and a step of latency; 3 parts bring every preset's switches within 16 peers.
+MAX_PARTS = 3
+FILTERS = ("isomorphism", "consistency", "relays", "peers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +55,27 @@ class Stage:
     dim: int
     kind: str  # "relay" | "spread"
     offset: int = 0  # relay only
+    # Spread over a virtual sub-group: to the GPUs j * stride away, 0 < j < span (0: the whole
+    # dimension). The stride is the product of the spans before it on the dimension, so the
+    # acting positions stay consecutive and every GPU is reached once.
+    span: int = 0
+    stride: int = 1
 
     def label(self, dims: list[Dimension]) -> str:
         name = dims[self.dim].name
-        return f"relay:{name}+{self.offset}" if self.kind == "relay" else f"spread:{name}"
+        if self.kind == "relay":
+            return f"relay:{name}+{self.offset}"
+        return f"spread:{name}" + (f"/{self.span}@{self.stride}" if self.span else "")
 
-    def key(self) -> tuple[int, int, int]:
+    def key(self) -> tuple[int, int, int, int]:
         """Total order used to pick the canonical sequence of an isomorphism class."""
-        return (self.dim, 0 if self.kind == "relay" else 1, self.offset)
+        return (self.dim, 0 if self.kind == "relay" else 1, self.offset, self.span)
+
+    def targets(self, size: int) -> tuple[int, ...]:
+        """Positions a spread sends to, relative to its acting source."""
+        if not self.span:
+            return tuple(range(1, size))
+        return tuple(j * self.stride % size for j in range(1, self.span))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +92,12 @@ class Sketch:
 
     def label(self, dims: list[Dimension]) -> str:
         return " > ".join(s.label(dims) for s in self.stages) or "local"
+
+    def split(self, dims: list[Dimension]) -> tuple[tuple[int, ...], ...]:
+        """Spans of its spreads per dimension: sketches of one split use the same peer offsets,
+        so only they mix within a budget that one of them fills."""
+        return tuple(tuple(s.span or d.size for s in self.stages if s.dim == i and s.kind == "spread")
+                     for i, d in enumerate(dims))  # fmt: skip
 
     def copies(self, dims: list[Dimension]) -> list[Sketch]:
         """The isomorphic sketches pruning 1 folded into this one (combination re-expands them)."""
@@ -89,17 +120,24 @@ class SearchStats:
     after_isomorphism: int
     after_consistency: int
     after_relay_bound: int
-    kept: int  # complete sequences after all three: the sketches
+    kept: int  # complete sequences after all filters: the sketches
     truncated: bool  # the search stopped at its work limit
     limit: int
     # Sequences each filter removed, when `search(..., trace=True)` (tests, debugging).
     removed: dict[str, list[tuple[tuple[Stage, ...], int, int]]] = field(default_factory=dict)
+    after_peer_bound: int | None = None  # with `max_peers`
+    max_peers: int | None = None
+    split: tuple[str, ...] = ()  # dimensions cut into virtual sub-groups (none fit unsplit)
 
     def line(self) -> str:
         more = f" (stopped at the limit of {self.limit})" if self.truncated else ""
-        return (f"sketch search: {self.enumerated} stage sequences enumerated{more} -> "
+        peers = ("" if self.max_peers is None else
+                 f" -> {self.after_peer_bound} within {self.max_peers} peers")  # fmt: skip
+        split = (f" (no unsplit sketch fits: virtual splits of {', '.join(self.split)})"
+                 if self.split else "")  # fmt: skip
+        return (f"sketch search{split}: {self.enumerated} stage sequences enumerated{more} -> "
                 f"{self.after_isomorphism} after isomorphism -> {self.after_consistency} after "
-                f"forced consistency -> {self.after_relay_bound} after bounded relays; "
+                f"forced consistency -> {self.after_relay_bound} after bounded relays{peers}; "
                 f"{self.kept} complete sketches")  # fmt: skip
 
 
@@ -126,7 +164,7 @@ def _relabel(stages: tuple[Stage, ...], dims: list[Dimension], perm: tuple[int, 
     for st in stages:
         d = st.dim
         if st.kind == "spread":
-            out.append(Stage(perm[d], "spread"))
+            out.append(Stage(perm[d], "spread", span=st.span, stride=st.stride))
             continue
         g = dims[d].size
         old, new = pos[d], (pos[d] + st.offset) % g
@@ -184,6 +222,23 @@ def relays_bounded(stages: tuple[Stage, ...], max_relays: int = MAX_RELAYS) -> b
     return len(relays) <= max_relays and all(i < first_spread for i in relays)
 
 
+def peers(stages: tuple[Stage, ...], dims: list[Dimension]) -> int:
+    """Peer offsets (dimension, dst - src) a GPU sends to in the translated schedule: one
+    threadblock each at least. Switch and full-mesh stages send direct; a ring stage uses its
+    neighbours (a relay the direction of its shortest path)."""
+    used: set[tuple[int, int]] = set()
+    for st in stages:
+        g = dims[st.dim].size
+        ring = dims[st.dim].kind == "ring" and g > 2
+        if st.kind == "relay":
+            used.add((st.dim, (1 if st.offset <= g // 2 else g - 1) if ring else st.offset))
+        elif ring:
+            used.update({(st.dim, 1), (st.dim, g - 1)})
+        else:
+            used.update((st.dim, t) for t in st.targets(g))
+    return len(used)
+
+
 class _Fabric:
     """Ranks as coordinates (innermost dimension first), for holder sets."""
 
@@ -207,13 +262,38 @@ class _Search:
     trace: bool
     autos: list[tuple[tuple[int, ...], tuple[bool, ...]]]
     fab: _Fabric
-    counts: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
+    max_peers: int | None = None
+    split: frozenset[int] = frozenset()  # dimensions cut into virtual sub-groups
+    # With splits: the spans per dimension allowed (`coarsest_splits`); no relays then.
+    plans: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    counts: list[int] = field(default_factory=lambda: [0, 0, 0, 0, 0])
     removed: dict[str, list[tuple[tuple[Stage, ...], int, int]]] = field(default_factory=dict)
     found: list[Sketch] = field(default_factory=list)
     truncated: bool = False
+    chosen: tuple[tuple[int, ...], ...] = ()
+
+    def spreads(self, d: int, acting: tuple[int, ...], parts: int) -> list[Stage]:
+        """Spread stages over dimension d from `acting` positions after `parts` spreads of it:
+        the whole dimension; on a split dimension, every sub-group whose span divides what is
+        left (the last allowed part takes all of it). Strides other than the spans before it
+        give the same sketch up to a permutation of the switch's positions (isomorphism), so
+        they are not generated."""
+        g = self.dims[d].size
+        if d not in self.split:
+            return [Stage(d, "spread")] if parts == 0 else []
+        # Spans the allowed splits put next on d, given the spans already chosen on every
+        # dimension (`self.chosen`).
+        spans = sorted({plan[d][parts] for plan in self.plans
+                        if len(plan[d]) > parts
+                        and all(plan[e][:len(c)] == c for e, c in enumerate(self.chosen))})  # fmt: skip
+        return [Stage(d, "spread") if a == g else Stage(d, "spread", span=a, stride=len(acting))
+                for a in spans]  # fmt: skip
 
     def children(
-        self, acting: tuple[tuple[int, ...], ...], holders: frozenset[int]
+        self,
+        acting: tuple[tuple[int, ...], ...],
+        holders: frozenset[int],
+        parts: tuple[int, ...],
     ) -> Iterator[tuple[Stage, tuple[tuple[int, ...], ...], frozenset[int], int]]:
         """(stage, acting positions after it, holders after it, groups holding acting sources)
         of every stage that brings the data to at least one GPU lacking it."""
@@ -223,11 +303,17 @@ class _Search:
             groups = 1
             for e, pos in enumerate(acting):
                 groups *= len(pos) if e != d else 1
-            kinds = [Stage(d, "spread")] + [Stage(d, "relay", o) for o in range(1, dim.size)]
+            kinds = self.spreads(d, acting[d], parts[d])
+            if not self.split:  # a split search has no relays (`search`)
+                kinds += [Stage(d, "relay", o) for o in range(1, dim.size)]
             for st in kinds:
-                if st.kind == "spread":
+                if st.kind == "spread" and not st.span:
                     after = tuple(tuple(range(dim.size)) if e == d else p
                                   for e, p in enumerate(acting))  # fmt: skip
+                elif st.kind == "spread":
+                    ext = sorted({(x + j * st.stride) % dim.size for x in acting[d]
+                                  for j in range(st.span)})  # fmt: skip
+                    after = tuple(tuple(ext) if e == d else p for e, p in enumerate(acting))
                 else:
                     after = tuple(tuple(sorted((x + st.offset) % dim.size for x in p)) if e == d
                                   else p for e, p in enumerate(acting))  # fmt: skip
@@ -242,16 +328,22 @@ class _Search:
         holders: frozenset[int],
         depth: int,
     ) -> None:
-        for st, after, held, groups in self.children(acting, holders):
+        self.chosen = tuple(tuple(s.span or self.dims[d].size for s in stages
+                                  if s.dim == d and s.kind == "spread")
+                            for d in range(len(self.dims)))  # fmt: skip
+        parts = tuple(len(c) for c in self.chosen)
+        for st, after, held, groups in list(self.children(acting, holders, parts)):
             seq = (*stages, st)
             iso = canonical(seq, self.dims, self.autos) == seq
+            fits = self.max_peers is None or peers(seq, self.dims) <= self.max_peers
             for k in range(groups, 0, -1):  # every holder group takes part first, then fewer
                 if self.counts[0] >= self.limit:
                     self.truncated = True
                     return
                 self.counts[0] += 1
                 # SyCCL's three prunings in the paper's order; the first that fails removes it.
-                verdicts = (iso, consistent(k, groups), relays_bounded(seq, self.max_relays))
+                verdicts = (iso, consistent(k, groups), relays_bounded(seq, self.max_relays),
+                            fits)  # fmt: skip
                 passed = next((i for i, ok in enumerate(verdicts) if not ok), len(FILTERS))
                 for i in range(passed):
                     self.counts[i + 1] += 1
@@ -266,21 +358,84 @@ class _Search:
 
 
 def search(dims: list[Dimension], *, relays: bool = True, max_relays: int = MAX_RELAYS,
-           limit: int = MAX_ENUMERATED,
+           limit: int = MAX_ENUMERATED, max_peers: int | None = None,
            trace: bool = False) -> tuple[list[Sketch], SearchStats]:  # fmt: skip
-    """Enumerate stage sequences, filter them by the three prunings, return the sketches.
+    """Enumerate stage sequences, filter them by the prunings, return the sketches.
 
-    `relays=False` (collectives where every GPU is a root anyway) sets the relay bound to 0."""
+    `relays=False` (collectives where every GPU is a root anyway) sets the relay bound to 0.
+    `max_peers` (the SM budget in threadblocks per GPU) adds the fourth filter; when no unsplit
+    sketch passes it, the search runs again with every switch dimension of more than 2 GPUs
+    open to virtual splits, and that run's counts are the ones returned. When nothing fits
+    even then, the unsplit search without the peer bound is returned."""
     active = [d for d in dims if d.size > 1]
     bound = max_relays if relays else 0
     if not active:
         return [Sketch(())], SearchStats(0, 0, 0, 0, 1, False, limit)
-    s = _Search(dims, bound, limit, trace, _automorphisms(dims), _Fabric(dims))
+    found, stats = _run(dims, bound, limit, max_peers, trace, frozenset())
+    splittable = frozenset(i for i, d in enumerate(dims) if d.kind == "switch" and d.size > 2)
+    if not found and max_peers is not None and splittable:
+        # Without relays: each costs a peer, and the splits' extra stages already spread the
+        # ports' load; with them the enumeration grows 60-fold on h800-rail-512.
+        found, stats = _run(dims, 0, limit, max_peers, trace, splittable)
+    if not found and max_peers is not None:
+        # Nothing fits even split: the unsplit sketches, so that the caller can say how many
+        # threadblocks the leanest of them needs.
+        found, stats = _run(dims, bound, limit, None, trace, frozenset())
+    return found, stats
+
+
+def _factorizations(g: int, parts: int) -> list[tuple[int, ...]]:
+    """Ordered factorizations of g into at most `parts` factors >= 2."""
+    out: list[tuple[int, ...]] = [(g,)]
+    if parts > 1:
+        for a in range(2, g):
+            if g % a == 0:
+                out += [(a, *rest) for rest in _factorizations(g // a, parts - 1)]
+    return out
+
+
+def _split_peers(spans: tuple[int, ...]) -> int:
+    return sum(a - 1 for a in spans)
+
+
+def coarsest_splits(dims: list[Dimension], split: frozenset[int],
+                    max_peers: int) -> list[tuple[tuple[int, ...], ...]]:  # fmt: skip
+    """Spans per dimension (a dimension not split: its size) whose spreads fit `max_peers`
+    and where no coarser split does: merging two parts of one dimension would also fit.
+
+    A coarser split has the same port load in one stage less, so the finer one is only kept
+    when the budget forbids the coarser one. E.g. h800-rail-512 at 16: nvswitch 8 with rail
+    4 x 4 x 4 (7 + 9 peers), and nvswitch 2 x 4 or 4 x 2 with rail 2 x 4 x 8 in any order."""
+    options = [_factorizations(d.size, MAX_PARTS) if i in split else [(d.size,)]
+               for i, d in enumerate(dims)]  # fmt: skip
+    fits = [p for p in itertools.product(*options)
+            if sum(_split_peers(f) for f in p) <= max_peers]  # fmt: skip
+    fitting = set(fits)
+
+    def merges(f: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+        for i, j in itertools.combinations(range(len(f)), 2):
+            rest = [a for k, a in enumerate(f) if k not in (i, j)]
+            for at in range(len(rest) + 1):
+                yield (*rest[:at], f[i] * f[j], *rest[at:])
+
+    return [p for p in fits
+            if not any((*p[:d], m, *p[d + 1:]) in fitting
+                       for d in range(len(p)) for m in merges(p[d]))]  # fmt: skip
+
+
+def _run(dims: list[Dimension], bound: int, limit: int, max_peers: int | None, trace: bool,
+         split: frozenset[int]) -> tuple[list[Sketch], SearchStats]:  # fmt: skip
+    s = _Search(dims, bound, limit, trace, _automorphisms(dims), _Fabric(dims), max_peers, split)
+    if split and max_peers is not None:
+        s.plans = tuple(coarsest_splits(dims, split, max_peers))
     root = tuple((0,) for _ in dims)
-    s.run((), root, s.fab.ranks(list(root)), 2 * len(active))
+    depth = sum(1 + (MAX_PARTS if i in split else 1) for i, d in enumerate(dims) if d.size > 1)
+    s.run((), root, s.fab.ranks(list(root)), depth)
     # Fewest relays first, then the stage order (the order combination ranks ties in).
     found = sorted(s.found, key=lambda k: (sum(x.kind == "relay" for x in k.stages),
                                            [x.key() for x in k.stages]))  # fmt: skip
     stats = SearchStats(s.counts[0], s.counts[1], s.counts[2], s.counts[3], len(found),
-                        s.truncated, limit, s.removed)  # fmt: skip
+                        s.truncated, limit, s.removed,
+                        s.counts[4] if max_peers is not None else None, max_peers,
+                        tuple(dims[i].name for i in sorted(split)))  # fmt: skip
     return found, stats

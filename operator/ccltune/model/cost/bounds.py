@@ -1,7 +1,9 @@
 """Lower bounds on collective time, true under the simulator's cost model (simulate.py).
 
 The simulator runs a transfer `alpha = step latency + path latency` after it becomes ready, then
-moves its bytes along its path at no more than `capacity * efficiency` per directed link. So for any
+moves its bytes along its path at no more than `capacity * efficiency` per directed link, and on an
+NVLink also x the protocol cost's `nvlink_efficiency` (SM-driven copies reach ~80% of line rate;
+1.0 in the bare protocol costs, so a bound from those counts NVLink at line rate). So for any
 correct schedule, and any set S of ranks whose GPUs sit inside a device set D:
 - every byte that must enter S crosses a link into D, and none flows before the smallest alpha of
   any transfer into S; hence T >= alpha_min(into S) + bytes_in(S) / (cap_in(D) * efficiency);
@@ -31,7 +33,7 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ...api.cluster import ClusterTopology, DeviceKind
+from ...api.cluster import ClusterTopology, DeviceKind, LinkKind
 from ...api.common import Collective
 from .busbw import busbw_gbps
 from .protocols import PROTOCOL_COSTS, ProtocolCost, canonical_protocol
@@ -61,10 +63,14 @@ class _Graph:
         self.names = names
         nv = len(names)
         self.adj: list[list[tuple[int, float, float]]] = [[] for _ in range(nv)]  # (v, lat, bw)
+        self.nvlink: list[set[int]] = [set() for _ in range(nv)]  # neighbours over an NVLink
         for link in topo.links:
             a, b = names[link.a], names[link.b]
             self.adj[a].append((b, link.latency_us, link.bandwidth_gbps))
             self.adj[b].append((a, link.latency_us, link.bandwidth_gbps))
+            if LinkKind(link.kind) == LinkKind.NVLINK:  # as sim/capacity.py nvlink_channels
+                self.nvlink[a].add(b)
+                self.nvlink[b].add(a)
         self.is_gpu = [False] * nv
         for dev in topo.devices:
             if dev.kind == DeviceKind.GPU:
@@ -79,6 +85,8 @@ class _Graph:
         self.node_of = {names[d.id]: d.node for d in topo.devices if d.node is not None}
         self.injection = [sum(bw for _, _, bw in self.adj[v]) if v >= 0 else 0.0
                           for v in self.rank_vertex]  # fmt: skip
+        self.injection_nvlink = [sum(bw for w, _, bw in self.adj[v] if w in self.nvlink[v])
+                                 if v >= 0 else 0.0 for v in self.rank_vertex]  # fmt: skip
         self._dist: dict[tuple[float, int], list[float]] = {}
         self._near: dict[tuple[float, int], tuple[float, float]] = {}
 
@@ -166,9 +174,15 @@ class _Graph:
     def _foreign_gpu(self, v: int, ranks: set[int]) -> bool:
         return self.is_gpu[v] and self.vertex_rank.get(v, -1) not in ranks
 
-    def cut_capacity(self, inside: set[int]) -> float:
-        """GB/s per direction across the boundary of `inside` (links are full duplex)."""
-        return sum(bw for u in inside for v, _, bw in self.adj[u] if v not in inside)
+    def cut_capacity(self, inside: set[int], nvlink_efficiency: float = 1.0) -> float:
+        """GB/s per direction across the boundary of `inside` (links are full duplex), NVLinks
+        at `nvlink_efficiency` of their line rate."""
+        return sum(bw * (nvlink_efficiency if v in self.nvlink[u] else 1.0)
+                   for u in inside for v, _, bw in self.adj[u] if v not in inside)  # fmt: skip
+
+    def injection_at(self, r: int, nvlink_efficiency: float) -> float:
+        """Rank r's injection GB/s with its NVLinks at `nvlink_efficiency` of line rate."""
+        return self.injection[r] - (1.0 - nvlink_efficiency) * self.injection_nvlink[r]
 
 
 _CACHE: dict[int, tuple[ClusterTopology, _Graph]] = {}
@@ -278,7 +292,7 @@ def lower_bound(
     if n <= 1:
         return Bound(0.0, float("inf"), "single-rank", {})
     g = _graph(topo)
-    step, eff = proto.step_latency_us, proto.efficiency
+    step, eff, nvl = proto.step_latency_us, proto.efficiency, proto.nvlink_efficiency
     size = float(size_bytes)
     parts: dict[str, float] = {}
 
@@ -298,16 +312,16 @@ def lower_bound(
         a_in, a_out = step + d_in, step + d_out
         alpha_in.append(a_in)
         b_in, b_out = _crossing(coll, n, 1, size, r == root)
-        cap = g.injection[r]
+        cap = g.injection_at(r, nvl)
         note("rank-bandwidth", max(a_in + bw_time(b_in, cap) if b_in else 0.0,
                                    a_out + bw_time(b_out, cap) if b_out else 0.0))  # fmt: skip
     # Aggregate: all bytes every rank must receive, over all injection bandwidth.
-    total_cap = sum(g.injection)
+    total_cap = sum(g.injection_at(r, nvl) for r in range(n))
     note("aggregate", min(alpha_in) + bw_time(_aggregate_bytes(coll, n, size), total_cap))
     # Cuts.
     for name, ranks in _cut_sets(topo, root):
         inside = g.block_devices(ranks)
-        cap = g.cut_capacity(inside)
+        cap = g.cut_capacity(inside, nvl)
         outside = set(range(n)) - ranks
         b_in, b_out = _crossing(coll, n, len(ranks), size, root in ranks)
         t = 0.0
@@ -323,7 +337,7 @@ def lower_bound(
     if coll == Collective.ALLREDUCE:
         for name, block in _partitions(topo):
             k = n // block
-            cap = sum(g.cut_capacity(g.block_devices(set(range(b, b + block))))
+            cap = sum(g.cut_capacity(g.block_devices(set(range(b, b + block))), nvl)
                       for b in range(0, n, block))  # fmt: skip
             note(f"partition:{name}", min(alpha_in) + bw_time(2.0 * (k - 1) * size, cap))
     # Hop latency: the farthest pair whose data must meet.

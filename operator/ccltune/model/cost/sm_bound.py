@@ -15,18 +15,22 @@ where D is the bytes the busiest GPU must receive (or send), M = nccl-tests size
                                                      averaged over the ranks)
   broadcast                            M           (every non-root receives the whole buffer)
 The bound at the budget is the larger of this, under the most favourable protocol, and the link
-bound (bounds.lower_bound): it equals the link bound where threadblocks do not bind.
+bound with NVLink at the GPU's SM-copy efficiency (`copy_link_bound_us`): every schedule the
+model runs, NCCL's or an MSCCL file, moves its bytes with SM copies, and the simulator caps every
+NVLink channel at that fraction of line rate (sim/capacity.py), so no schedule beats the link
+bound at line rate x 0.8 either. Where threadblocks do not bind the bound at the budget is that
+link bound; the line-rate link bound stays its own number ("% bound").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...api.cluster import ClusterTopology
 from ...api.common import Collective
-from .bounds import graph_of
+from .bounds import graph_of, lower_bound
 from .gpu import GpuPhysics, gpu_physics
-from .protocols import BASE_LAT, PROTOCOLS, Hw, step_overhead_us
+from .protocols import BASE_LAT, PROTOCOL_COSTS, PROTOCOLS, Hw, step_overhead_us
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +76,26 @@ def sm_bound(collective: Collective | str, size_bytes: float, topo: ClusterTopol
     return SmBound(best[0], best[1], threadblocks)
 
 
+def copy_link_bound_us(collective: Collective | str, size_bytes: float, topo: ClusterTopology,
+                       *, gpu: GpuPhysics | None = None) -> float:  # fmt: skip
+    """The link bound (bounds.lower_bound) with every NVLink at the GPU's SM-copy efficiency,
+    minimised over the protocols, each with its cheapest step over NCCL's hardware classes (so
+    it holds whichever link kind the simulator is given). 0.0 when the GPU is unknown: the
+    simulator then runs NVLink at line rate, which the line-rate link bound covers."""
+    phys = gpu or gpu_physics(topo.gpu_model)
+    if phys is None or topo.world_size <= 1:
+        return 0.0
+    return min(
+        lower_bound(collective, size_bytes, topo, replace(
+            PROTOCOL_COSTS[p], step_latency_us=min(step_overhead_us(p, hw) for hw in Hw),
+            nvlink_efficiency=phys.nvlink_efficiency)).time_us
+        for p in PROTOCOLS
+    )  # fmt: skip
+
+
 def budget_bound_us(collective: Collective | str, size_bytes: float, topo: ClusterTopology,
                     threadblocks: int, link_bound_us: float) -> float:  # fmt: skip
-    """The bound at the SM budget: the larger of the link bound and the threadblock bound."""
-    return max(link_bound_us, sm_bound(collective, size_bytes, topo, threadblocks).time_us)
+    """The bound at the SM budget: the largest of the link bound given (line rate), the link
+    bound at SM-copy efficiency and the threadblock bound."""
+    return max(link_bound_us, copy_link_bound_us(collective, size_bytes, topo),
+               sm_bound(collective, size_bytes, topo, threadblocks).time_us)  # fmt: skip

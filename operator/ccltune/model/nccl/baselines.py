@@ -490,7 +490,9 @@ def ring_allreduce(
 ) -> ScheduleArrays:
     """NCCL ring allreduce: per loop, N segments reduce-scattered then all-gathered on the ring.
 
-    Chunk space: chunks * channels loops of N segments each (chunks_per_rank = N*chunks*channels).
+    Chunk space: chunks * channels loops of N segments each (chunks_per_rank = N*chunks*channels),
+    numbered by the rank the segment is reduced on, then the loop (rank r's part of the buffer,
+    as synth/assemble.allreduce numbers it; sim/symmetric_sim.py reads chunks that way).
     """
     _check_params(chunks, channels)
     n = topo.world_size
@@ -503,12 +505,12 @@ def ring_allreduce(
         prev = [-1] * n
         for h in range(1, n):  # reduce-scatter: segment s ends reduced on ring[s]
             for s in range(n):
-                prev[s] = b.add(ring[(s + h) % n], ring[(s + h + 1) % n], u * n + s, (prev[s],),
-                                reduce=True, channel=ch)  # fmt: skip
+                prev[s] = b.add(ring[(s + h) % n], ring[(s + h + 1) % n], ring[s] * loops + u,
+                                (prev[s],), reduce=True, channel=ch)  # fmt: skip
         for h in range(1, n):  # allgather from ring[s]
             for s in range(n):
-                prev[s] = b.add(ring[(s + h - 1) % n], ring[(s + h) % n], u * n + s, (prev[s],),
-                                channel=ch)  # fmt: skip
+                prev[s] = b.add(ring[(s + h - 1) % n], ring[(s + h) % n], ring[s] * loops + u,
+                                (prev[s],), channel=ch)  # fmt: skip
     return b.arrays(f"nccl-ring-allreduce-{channels}ch-{chunks}c", Collective.ALLREDUCE, n,
                     n * loops, channels=channels)  # fmt: skip
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from ...api.cluster import ClusterTopology, DeviceKind, LinkKind
 from ...api.common import Collective, Source
 from ...api.plan import Choice, Estimate
@@ -408,10 +410,27 @@ def _schedule(coll: Collective, algo: str, topo: ClusterTopology, chunks: int,
         sched = nccl_schedule_arrays(coll, algo, topo, chunks=chunks, channels=channels)
         # NCCL's kernels run one threadblock per channel (rings and trees alike); p2p alltoall
         # one per peer connection (tb None: one per (channel, peer)).
-        if coll != Collective.ALLTOALL:
+        if algo == "ring":
+            # Numbered per (rank, channel), which the symmetric simulator can relabel rank by
+            # rank. A ring threadblock receives from one peer only, so its receive side is the
+            # same resource as with tb = channel (sim/capacity.py threadblock_ports).
+            sched.tb = (sched.src.astype(np.int64) * channels + sched.channel).astype(np.int32)
+        elif coll != Collective.ALLTOALL:
             sched.tb = sched.channel
         _SCHEDULES[key] = sched
     return _SCHEDULES[key]
+
+
+def _ring_may_be_symmetric(coll: Collective, algo: str, topo: ClusterTopology) -> bool:
+    """Can NCCL's ring be N translates of rank 0's transfers (sim/symmetric_sim.py)? Only inside
+    one node: across nodes a ring's intra-node hops and its node-crossing hop are not images of
+    each other under the fabric's translations, and a broadcast has a root. Where the ring's
+    layouts still break a premise, the simulator says so and runs in full. The time is the same
+    either way, to the last bit or (allreduce: other summation order) within 1e-15 relative
+    (tests/model/test_nccl_default_symmetric.py), at a fraction of the cost (dgx-h100-1's
+    allgather sweep 6x, allreduce 15x cheaper: docs/cli-startup.md)."""
+    return (algo == "ring" and coll != Collective.BROADCAST and topo.node_count == 1
+            and topo.dimensions is not None)  # fmt: skip
 
 
 def default_estimate(
@@ -458,6 +477,8 @@ def default_estimate(
     # contention far faster than the heap.
     if coll == Collective.ALLTOALL:
         res = simulate(sched, topo, size_bytes, cost, router, engine="symmetric", fallback="batch")
+    elif _ring_may_be_symmetric(coll, sched_algo, topo):
+        res = simulate(sched, topo, size_bytes, cost, router, engine="symmetric", fallback="auto")
     else:
         res = simulate(sched, topo, size_bytes, cost, router)
     t = max(res.time_us, 1e-9)

@@ -35,6 +35,11 @@ Lowering decisions:
   behind the receive it does not need (a one-step allgather became two steps deep). Ordering
   by the engine's simulated times instead was tried: 1.5-2x better on merged threadblocks for
   AllReduce, 3x worse for AllGather once slicing was modelled, so depth it is.
+- A schedule made of N translates of root 0's transfers (frames.py) is lowered in each rank's
+  frame: steps keyed by the orbit, threadblocks and merge ties by relative peer, fusion within
+  one translation block, so rank r's part is rank 0's translated (the simulator then times the
+  file through one rank). Where the schedule is exactly its own translate, rank 0 alone is
+  lowered and the others are written as its translates (`_lower_orbit`).
 - The input buffer is never written. A received chunk goes to its output slot when the rank
   must output it, else to a scratch slot; chunks that end elsewhere are copied (cpy) to the
   output at the end. The same steps are thus correct in place (input aliased into output) too,
@@ -53,13 +58,14 @@ import itertools
 import math
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ....api.common import Collective
 from ....api.errors import InternalError
 from ...schedule.check import ScheduleError, check_schedule, topological_order
 from ...schedule.ir import Schedule
+from .frames import Frames, find_frames, translates_exactly
 from .limits import (
     FIFO_CHUNKS,
     MAX_CHANNELS,
@@ -187,6 +193,7 @@ class _Step:
     tb: int = -1
     index: int = -1
     hasdep: bool = False
+    chunk: int = -1  # the first chunk it moves (-1: a copy)
 
 
 def _runs(locs: list[Loc | None]) -> Iterator[tuple[int, int]]:
@@ -263,7 +270,19 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None,
     used = 1 + max((t.channel for t in schedule.transfers), default=0)
     cap = MAX_THREADBLOCKS if max_threadblocks is None else max_threadblocks
     parts: dict[tuple[int, int, int], int] = {}
-    low = _lower(schedule, max_threadblocks, parts, used)
+    frames = find_frames(schedule)
+    if frames is not None and translates_exactly(schedule, frames):
+        # Every rank's lowering is rank 0's translated: lower rank 0 alone.
+        orbit = frames
+
+        def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
+            return _lower_orbit(schedule, max_threadblocks, orbit, parts, used)
+    else:
+
+        def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
+            return _lower(schedule, max_threadblocks, parts, used)
+
+    low = lower(parts)
     for _ in range(SPLIT_ROUNDS):
         more = dict(parts)
         for conn, factor in low.overflow(max_steps, used).items():
@@ -278,7 +297,7 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None,
             break  # no channel left, or over the SM budget once split (merging made it overflow)
         parts = more
         try:
-            low = _lower(schedule, max_threadblocks, parts, used)
+            low = lower(parts)
         except MscclFormatError:
             break  # over the SM budget once split: the step limit is what to report
         low.split_connections = len(parts)
@@ -290,11 +309,8 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
     """`lower_msccl` with the connections (src, dst, chan) in `parts` split in that many."""
     coll = Collective(s.collective)
     lay = _Layout(coll, s.nranks, s.chunks_per_rank, s.root)
-    order = topological_order(s)
-    pos = {t: p for p, t in enumerate(order)}
-    level = [0] * len(s.transfers)
-    for t in order:
-        level[t] = 1 + max((level[d] for d in s.transfers[t].deps), default=-1)
+    frames = find_frames(s)
+    order, level, tie = _step_order(s, frames)
     loc: dict[tuple[int, int], Loc] = {}
     for r in range(s.nranks):
         for k in range(s.total_chunks):
@@ -330,17 +346,17 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
         for piece, (a, b) in enumerate(itertools.pairwise(bounds)):
             src_loc, dst_loc = src_locs[a], dst_locs[a]
             assert src_loc is not None and dst_loc is not None  # guaranteed by check_schedule
-            snd = _Step(tr.src, ("send", tr.dst, tr.channel), (level[t], 0, pos[t], piece), "s",
-                        src_loc, dst_loc, b - a)  # fmt: skip
-            key = (level[t], 1, pos[t], piece)
+            snd = _Step(tr.src, ("send", tr.dst, tr.channel), (level[t], 0, tie[t], piece), "s",
+                        src_loc, dst_loc, b - a, chunk=tr.chunk + a)  # fmt: skip
+            key = (level[t], 1, tie[t], piece)
             if tr.reduce:
                 cur = cur_locs[a]
                 assert cur is not None
                 rcv = _Step(tr.dst, ("recv", tr.src, tr.channel), key, "rrc", cur, dst_loc,
-                            b - a)  # fmt: skip
+                            b - a, chunk=tr.chunk + a)  # fmt: skip
             else:
                 rcv = _Step(tr.dst, ("recv", tr.src, tr.channel), key, "r", src_loc,
-                            dst_loc, b - a)  # fmt: skip
+                            dst_loc, b - a, chunk=tr.chunk + a)  # fmt: skip
             snd.twin = rcv
             steps += [snd, rcv]
             steps_of.setdefault((t, tr.src), []).append(snd)
@@ -355,7 +371,10 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
     # Final copies to the output for chunks that ended elsewhere.
     for r in range(s.nranks):
         pend: list[tuple[int, Loc, Loc]] = []
-        for k in range(s.total_chunks):
+        chunks = range(s.total_chunks)
+        if frames is not None:  # in rank r's frame, so its copies are rank 0's translated
+            chunks = [frames.chunk_in(r, k) for k in chunks]  # type: ignore[assignment]
+        for k in chunks:
             off = lay.output_off(r, k)
             if off is None or loc.get((r, k)) in (None, ("o", off)):
                 continue
@@ -368,6 +387,7 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
                 and j - i < MAX_COUNT
                 and pend[j][1] == (pend[i][1][0], pend[i][1][1] + j - i)
                 and pend[j][2] == ("o", pend[i][2][1] + j - i)
+                and (frames is None or frames.block(pend[j][0]) == frames.block(pend[i][0]))
             ):
                 j += 1
             cp = _Step(r, ("copy", -1, 0), (math.inf, 2, 0, i), "cpy", pend[i][1], pend[i][2],
@@ -379,7 +399,183 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
             i = j
 
     fed = _rank_preds(s, steps, steps_of)
-    return _assign(s, steps, lay, scratch, max_threadblocks, fed)
+    return _assign(s, steps, lay, scratch, max_threadblocks, fed, frames)
+
+
+def _step_order(s: Schedule, frames: Frames | None) -> tuple[list[int], list[int], list[int]]:
+    """Transfers in the order they are lowered, and per transfer its dependency depth and its
+    tie-break within a depth (steps are keyed (depth, send/recv, tie, piece))."""
+    order = topological_order(s)
+    level = [0] * len(s.transfers)
+    for t in order:
+        level[t] = 1 + max((level[d] for d in s.transfers[t].deps), default=-1)
+    tie = [0] * len(s.transfers)
+    for p, t in enumerate(order):
+        tie[t] = p
+    if frames is not None:
+        # One key per orbit (its root-0 transfer's position), so every rank orders its steps
+        # as rank 0 orders their translates; depth first keeps it a dependency order.
+        tie = [tie[t % frames.per_block] for t in range(len(s.transfers))]
+        order = sorted(range(len(s.transfers)), key=lambda t: (level[t], tie[t], t))
+    return order, level, tie
+
+
+def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
+                 parts: dict[tuple[int, int, int], int], used: int) -> MscclLowering:  # fmt: skip
+    """`_lower` of a schedule every frame map sends to itself (frames.translates_exactly):
+    rank 0's steps only, then every rank's as rank 0's translated. Each orbit has one send
+    (src 0) and one receive (dst 0) on rank 0, with the same key; the receive of rank 0's
+    send happens on its peer as rank 0's receive of the orbit, translated, so each stands in
+    for the other's twin (its slots, pieces, fusion, split part and threadblock). `parts`
+    (split connections) come from a lowering of every rank, so they are equivariant too."""
+    coll = Collective(s.collective)
+    lay = _Layout(coll, s.nranks, s.chunks_per_rank, s.root)
+    order, level, tie = _step_order(s, frames)
+    moved = _Mover(lay, frames)
+    receiver: dict[int, int] = {}  # orbit -> its transfer received by rank 0
+    for t, tr in enumerate(s.transfers):
+        if tr.dst == 0:
+            receiver[t % frames.per_block] = t
+    loc: dict[int, Loc] = {}
+    for k in range(s.total_chunks):
+        off = lay.input_off(0, k)
+        if off is not None:
+            loc[k] = ("i", off)
+    scratch: dict[int, int] = {}
+    last_write: dict[int, _Step] = {}
+    steps_of: dict[tuple[int, int], list[_Step]] = {}
+    steps: list[_Step] = []
+
+    def dest(k: int) -> Loc:
+        off = lay.output_off(0, k)
+        return ("o", off) if off is not None else ("s", scratch.setdefault(k, len(scratch)))
+
+    for t in order:
+        if s.transfers[t].src != 0:
+            continue
+        ts, tr = t, s.transfers[t]
+        t_in = receiver[t % frames.per_block]
+        rx = s.transfers[t_in]
+        peer, back = tr.dst, rx.src
+        ks = list(range(tr.chunk, tr.chunk + tr.count))
+        kr = list(range(rx.chunk, rx.chunk + rx.count))
+        for k in kr:
+            dest(k)
+        src_locs = [loc.get(k) for k in ks]  # what rank 0 sends
+        dst_locs: list[Loc | None] = [dest(k) for k in kr]  # where rank 0 receives
+        cur_locs = [loc.get(k) for k in kr]
+        cuts = {0, len(ks)}
+        for seq in (src_locs, dst_locs, cur_locs) if tr.reduce else (src_locs, dst_locs):
+            for a, n in _runs(seq):
+                cuts.update((a, a + n))
+        for piece, (a, b) in enumerate(itertools.pairwise(sorted(cuts))):
+            src_loc, dst_loc = src_locs[a], dst_locs[a]
+            assert src_loc is not None and dst_loc is not None  # guaranteed by check_schedule
+            snd = _Step(0, ("send", peer, tr.channel), (level[ts], 0, tie[ts], piece), "s",
+                        src_loc, moved(peer, dst_loc), b - a, chunk=ks[a])  # fmt: skip
+            key = (level[ts], 1, tie[ts], piece)
+            if tr.reduce:
+                cur = cur_locs[a]
+                assert cur is not None
+                rcv = _Step(0, ("recv", back, rx.channel), key, "rrc", cur, dst_loc, b - a,
+                            chunk=kr[a])  # fmt: skip
+            else:
+                rcv = _Step(0, ("recv", back, rx.channel), key, "r", moved(back, src_loc),
+                            dst_loc, b - a, chunk=kr[a])  # fmt: skip
+            snd.twin = rcv  # stands in for the receive on `peer` (its translate)
+            steps += [snd, rcv]
+            steps_of.setdefault((ts, 0), []).append(snd)
+            steps_of.setdefault((t_in, 0), []).append(rcv)
+            for k in range(a, b):
+                loc[kr[k]] = dst_locs[k]  # type: ignore[assignment]
+                last_write[kr[k]] = rcv
+
+    if parts:
+        _split(steps, parts, used)
+
+    pend: list[tuple[int, Loc, Loc]] = []
+    for k in range(s.total_chunks):
+        off = lay.output_off(0, k)
+        if off is None or loc.get(k) in (None, ("o", off)):
+            continue
+        pend.append((k, loc[k], ("o", off)))
+    i = 0
+    while i < len(pend):
+        j = i + 1
+        while (
+            j < len(pend)
+            and j - i < MAX_COUNT
+            and pend[j][1] == (pend[i][1][0], pend[i][1][1] + j - i)
+            and pend[j][2] == ("o", pend[i][2][1] + j - i)
+            and frames.block(pend[j][0]) == frames.block(pend[i][0])
+        ):
+            j += 1
+        cp = _Step(0, ("copy", -1, 0), (math.inf, 2, 0, i), "cpy", pend[i][1], pend[i][2], j - i)
+        cp.preds = {last_write[pend[m][0]] for m in range(i, j) if pend[m][0] in last_write}
+        steps.append(cp)
+        i = j
+
+    fed = _rank_preds(s, steps, steps_of, [0])
+    one = _assign(s, steps, lay, [scratch], max_threadblocks, fed, frames, [0])
+    return moved.lowering(one, scratch)
+
+
+class _Mover:
+    """Rank 0's slots and steps as another rank holds their translates."""
+
+    def __init__(self, lay: _Layout, frames: Frames) -> None:
+        self.lay, self.frames = lay, frames
+        self.to = frames.to_rank.tolist()
+
+    def __call__(self, r: int, loc: Loc) -> Loc:
+        buf, off = loc
+        if buf == "s" or r == 0:
+            return loc
+        lay = self.lay
+        if buf == "o":
+            got = lay.output_off(r, self.chunk_in(r, lay.output_chunk(0, off)))
+        else:
+            k = lay.input_chunk(0, off)
+            got = None if k is None else lay.input_off(r, self.chunk_in(r, k))
+        if got is None:
+            raise MscclFormatError(f"slot {buf}[{off}] of gpu 0 has no translate on gpu {r}")
+        return (buf, got)
+
+    def chunk_in(self, r: int, k: int) -> int:
+        """frames.chunk_in on Python lists (called once per slot of every step written)."""
+        f = self.frames
+        if f.coll == Collective.ALLTOALL:
+            return f.chunk_in(r, k)
+        b, j = divmod(k, f.chunks)
+        return self.to[r][b] * f.chunks + j
+
+    def lowering(self, one: MscclLowering, scratch: dict[int, int]) -> MscclLowering:
+        s, f = one.schedule, self.frames
+        tb_meta, items_of, scratches = [], [], []
+        for r in range(s.nranks):
+            perm = self.to[r]
+            tb_meta.append([(perm[p] if p >= 0 else -1, perm[q] if q >= 0 else -1, c)
+                            for p, q, c in one.tb_meta[0]])  # fmt: skip
+            scratches.append({f.chunk_in(r, k): slot for k, slot in scratch.items()}
+                             if r else scratch)  # fmt: skip
+            if r == 0:
+                items_of.append(one.items_of[0])
+                continue
+            items: dict[int, list[Item]] = {}
+            for tb, lst in one.items_of[0].items():
+                out: list[Item] = []
+                for kind, st, dep in lst:  # a dep is named by (tb, index): rank 0's step serves
+                    if st is None:
+                        out.append((kind, None, dep))
+                        continue
+                    kind_, peer, chan = st.stream
+                    twin = _Step(r, (kind_, perm[peer] if peer >= 0 else -1, chan), st.key,
+                                 st.type, self(r, st.src), self(r, st.dst), st.cnt, tb=st.tb,
+                                 index=st.index, hasdep=st.hasdep, chunk=-1)  # fmt: skip
+                    out.append((kind, twin, dep))
+                items[tb] = out
+            items_of.append(items)
+        return MscclLowering(s, one.layout, scratches, tb_meta, items_of, one.channels_used)
 
 
 def _split(steps: list[_Step], parts: dict[tuple[int, int, int], int], used: int) -> None:
@@ -398,7 +594,7 @@ def _split(steps: list[_Step], parts: dict[tuple[int, int, int], int], used: int
             moved = chan + (i * k // len(sends)) * used
             snd.stream = ("send", dst, moved)
             assert snd.twin is not None
-            snd.twin.stream = ("recv", src, moved)
+            snd.twin.stream = ("recv", snd.twin.stream[1], moved)  # src, or the stand-in's peer
 
 
 def _nearest(t: int, deps: list[tuple[int, ...]], own: dict[int, frozenset[_Step]],
@@ -432,8 +628,8 @@ def _nearest(t: int, deps: list[tuple[int, ...]], own: dict[int, frozenset[_Step
 Fed = dict[tuple[Stream, Stream], int]  # (send stream, recv stream) -> its sends' preds there
 
 
-def _rank_preds(s: Schedule, steps: list[_Step],
-                steps_of: dict[tuple[int, int], list[_Step]]) -> list[Fed]:  # fmt: skip
+def _rank_preds(s: Schedule, steps: list[_Step], steps_of: dict[tuple[int, int], list[_Step]],
+                ranks: list[int] | None = None) -> list[Fed]:  # fmt: skip
     """Every step's `preds`, `after` and receive index, one rank at a time; and per rank how
     many of each send stream's preds lie in each receive stream (`_merge`'s tie-break).
 
@@ -442,16 +638,19 @@ def _rank_preds(s: Schedule, steps: list[_Step],
     FIFO queue edges make almost every earlier transfer an ancestor. Once `after` is known,
     only the latest pred per stream is kept (all `_assign` reads), except on steps of plain
     copies (type r and their sends), which `_fuse` compares as whole sets."""
-    touching: list[list[int]] = [[] for _ in range(s.nranks)]
+    ranks = list(range(s.nranks)) if ranks is None else ranks
+    touching: dict[int, list[int]] = {r: [] for r in ranks}
     for t, tr in enumerate(s.transfers):
-        touching[tr.src].append(t)
-        touching[tr.dst].append(t)
-    by_rank: list[list[_Step]] = [[] for _ in range(s.nranks)]
+        if tr.src in touching:
+            touching[tr.src].append(t)
+        if tr.dst in touching:
+            touching[tr.dst].append(t)
+    by_rank: dict[int, list[_Step]] = {r: [] for r in ranks}
     for st in steps:
         by_rank[st.rank].append(st)
     deps = [tr.deps for tr in s.transfers]
     fed: list[Fed] = []
-    for r in range(s.nranks):
+    for r in ranks:
         own = {t: frozenset(steps_of[(t, r)]) for t in touching[r]}
         near: dict[int, frozenset[_Step]] = {}
         for t in touching[r]:
@@ -477,18 +676,21 @@ def _rank_preds(s: Schedule, steps: list[_Step],
     return fed
 
 
-def _fuse(steps: list[_Step], draining: set[tuple[int, Stream]]) -> list[_Step]:
+def _fuse(steps: list[_Step], draining: set[tuple[int, Stream]],
+          frames: Frames | None = None) -> list[_Step]:  # fmt: skip
     """Consecutive transfers of a connection that wait for the same steps, between consecutive
     slots on both sides, become one step of cnt > 1 (fewer steps per threadblock, a smaller
     file, nothing waits longer). Only into receive streams `draining` (a threadblock of their
     own): a large step fills the connection's FIFO and blocks until the receiver drains it,
     which a threadblock that sends first might never do. Reductions are kept apart: moving a
-    reduction earlier could race with a read of the partial sum it overwrites."""
+    reduction earlier could race with a read of the partial sum it overwrites. With `frames`,
+    only chunks of one translation block are fused: slots consecutive on one rank are then
+    consecutive on every rank the step is translated to."""
     on: dict[tuple[int, int, int], list[tuple[_Step, _Step]]] = defaultdict(list)
     for snd in steps:
         rcv = snd.twin
         if rcv is not None and (rcv.rank, rcv.stream) in draining:
-            on[(snd.rank, rcv.rank, snd.stream[2])].append((snd, rcv))
+            on[(snd.rank, snd.stream[1], snd.stream[2])].append((snd, rcv))
     into: dict[_Step, _Step] = {}
     for pairs in on.values():
         pairs.sort(key=lambda x: x[0].key)
@@ -501,6 +703,7 @@ def _fuse(steps: list[_Step], draining: set[tuple[int, Stream]]) -> list[_Step]:
                 and r2.dst == (r1.dst[0], r1.dst[1] + r1.cnt)
                 and s2.preds <= s1.preds
                 and r2.preds <= r1.preds
+                and (frames is None or frames.block(s1.chunk) == frames.block(s2.chunk))
             ):
                 s1.cnt += s2.cnt
                 r1.cnt += r2.cnt
@@ -514,11 +717,16 @@ def _fuse(steps: list[_Step], draining: set[tuple[int, Stream]]) -> list[_Step]:
     return [st for st in steps if st not in into]
 
 
-def _threadblocks(steps: list[_Step], rank: int, budget: int | None,
-                  fed: Fed) -> tuple[dict[Stream, int], list[tuple[int, int, int]]]:  # fmt: skip
+def _threadblocks(steps: list[_Step], rank: int, budget: int | None, fed: Fed,
+                  frames: Frames | None = None,
+                  ) -> tuple[dict[Stream, int], list[tuple[int, int, int]]]:  # fmt: skip
     """A rank's threadblocks (send, recv, chan): one per stream, except send/recv pairs of a
     channel merged where that adds no wait, and further, fewest waits first, as `budget`
-    needs."""
+    needs. Peers are compared as the rank sees them (`frames`), so translates agree."""
+
+    def rel(peer: int) -> int:
+        return peer if frames is None else frames.rel(rank, peer)
+
     members: dict[Stream, list[_Step]] = defaultdict(list)
     for st in steps:
         members[st.stream].append(st)
@@ -541,7 +749,7 @@ def _threadblocks(steps: list[_Step], rank: int, budget: int | None,
             )
     cap = MAX_THREADBLOCKS if budget is None else budget
     streams = sum(len(v) for v in sends.values()) + sum(len(v) for v in recvs.values())
-    pairs = _merge(members, sends, recvs, streams - cap, fed)
+    pairs = _merge(members, sends, recvs, streams - cap, fed, rel)
     if len(pairs) < streams - cap:
         raise MscclFormatError(
             f"gpu {rank} needs {streams - len(pairs)} threadblocks; the limit is {cap}"
@@ -555,7 +763,7 @@ def _threadblocks(steps: list[_Step], rank: int, budget: int | None,
     copies = ("copy", -1, 0) in members
     if copies and not tbs:
         tbs.append((-1, -1, 0))
-    tbs.sort()
+    tbs.sort(key=lambda x: (rel(x[0]), rel(x[1]), x[2]))
     out: dict[Stream, int] = {}
     for i, (p, q, chan) in enumerate(tbs):
         if p >= 0:
@@ -575,12 +783,13 @@ def _threadblocks(steps: list[_Step], rank: int, budget: int | None,
 
 
 def _merge(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
-           recvs: dict[int, list[int]], need: int, fed: Fed) -> list[tuple[int, int, int]]:  # fmt: skip
+           recvs: dict[int, list[int]], need: int, fed: Fed,
+           rel: Callable[[int], int]) -> list[tuple[int, int, int]]:  # fmt: skip
     """Disjoint (send peer, recv peer, chan) pairs, cheapest first: every pair that adds no
     wait and cannot block (`_waiting`; it saves an SM for free, as msccl-tools' fused
     recv-send threadblocks do), then more until `need` pairs (fewer when no more exist); ties
     go to the pair whose sends forward more of its receives, then to fewer steps (balance)."""
-    ranked: list[tuple[int, bool, int, int, int, int, int]] = []
+    ranked: list[tuple[int, bool, int, int, int, int, int, int, int]] = []
     for chan in sorted(set(sends) & set(recvs)):
         ykeys = {q: sorted(y.key for y in members[("recv", q, chan)]) for q in recvs[chan]}
         for p in sends[chan]:
@@ -589,11 +798,12 @@ def _merge(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
                 ys = members[("recv", q, chan)]
                 added, blocks = _waiting(xs, ykeys[q], ("recv", q, chan))
                 fed_by = fed.get((("send", p, chan), ("recv", q, chan)), 0)
-                ranked.append((added, blocks, -fed_by, len(xs) + len(ys), chan, p, q))
+                ranked.append((added, blocks, -fed_by, len(xs) + len(ys), chan, -rel(p), -rel(q),
+                               p, q))  # fmt: skip
     ranked.sort()
     out: list[tuple[int, int, int]] = []
     used: set[Stream] = set()
-    for added, blocks, *_, chan, p, q in ranked:
+    for added, blocks, _, _, chan, _, _, p, q in ranked:
         if len(out) >= need and (added or blocks):
             break
         if ("send", p, chan) in used or ("recv", q, chan) in used:
@@ -762,21 +972,25 @@ class MscclLowering:
 
 
 def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[int, int]],
-            budget: int | None, fed: list[Fed]) -> MscclLowering:  # fmt: skip
-    """Threadblocks per rank, each one's steps in order with the nops its dependencies need."""
-    by_rank: list[list[_Step]] = [[] for _ in range(s.nranks)]
+            budget: int | None, fed: list[Fed], frames: Frames | None = None,
+            ranks: list[int] | None = None) -> MscclLowering:  # fmt: skip
+    """Threadblocks per rank, each one's steps in order with the nops its dependencies need
+    (`ranks`: only these, holding all of `steps`, and `fed` in their order)."""
+    ranks = list(range(s.nranks)) if ranks is None else ranks
+    by_rank: dict[int, list[_Step]] = {r: [] for r in ranks}
     for st in steps:
         by_rank[st.rank].append(st)
-    placed = [_threadblocks(by_rank[r], r, budget, fed[r]) for r in range(s.nranks)]
-    draining = {(r, ("recv", q, c)) for r, (_, tbs) in enumerate(placed) for p, q, c in tbs
+    placed = {r: _threadblocks(by_rank[r], r, budget, fed[i], frames)
+              for i, r in enumerate(ranks)}  # fmt: skip
+    draining = {(r, ("recv", q, c)) for r, (_, tbs) in placed.items() for p, q, c in tbs
                 if p < 0 and q >= 0}  # fmt: skip
-    by_rank = [[] for _ in range(s.nranks)]
-    for st in _fuse(steps, draining):
+    by_rank = {r: [] for r in ranks}
+    for st in _fuse(steps, draining, frames):
         by_rank[st.rank].append(st)
     tb_meta: list[list[tuple[int, int, int]]] = []
     items_of: list[dict[int, list[Item]]] = []
     used_chan = 0
-    for r in range(s.nranks):
+    for r in ranks:
         tb_of, tb_list = placed[r]
         used_chan = max([used_chan, *(c + 1 for _, _, c in tb_list)])
         tb_meta.append(tb_list)
