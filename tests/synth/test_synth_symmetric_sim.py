@@ -11,7 +11,7 @@ from synth_helpers import make_cluster
 from ccltune.api.cluster import ClusterTopology
 from ccltune.model.cost.gpu import gpu_physics
 from ccltune.model.cost.protocols import protocol_cost
-from ccltune.model.nccl.baselines import ring_allgather
+from ccltune.model.nccl.baselines import ring_allgather, ring_broadcast
 from ccltune.model.sim.routing import Router
 from ccltune.model.sim.simulate import simulate
 from ccltune.synth.engine import synthesize
@@ -64,7 +64,7 @@ def test_random_symmetric_clusters_agree(gpus: int, servers: int, coll: str, siz
 
 def test_falls_back_with_a_reason_when_not_translation_invariant() -> None:
     topo = load_preset("dgx-h100-2")
-    ring = ring_allgather(topo)  # NCCL's ring: rotations of a ring, not of the fabric
+    ring = ring_broadcast(topo)  # NCCL's ring broadcast: a chain from its root
     router = Router(topo)
     full = simulate(ring, topo, 1 << 20, protocol_cost("Simple"), router)
     sym = simulate(ring, topo, 1 << 20, protocol_cost("Simple"), router, engine="symmetric")

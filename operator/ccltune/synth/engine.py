@@ -40,7 +40,7 @@ from ..model.cost.busbw import algbw_gbps, busbw_gbps
 from ..model.cost.gpu import gpu_physics
 from ..model.cost.protocols import protocol_cost
 from ..model.evaluate import published_estimate
-from ..model.formats.msccl.limits import MAX_CHANNELS, MAX_STEPS, first_selected
+from ..model.formats.msccl.limits import MAX_CHANNELS, MAX_COUNT, MAX_STEPS, first_selected
 from ..model.formats.msccl.slicing import iterations_to_simulate, slicing
 from ..model.formats.msccl.stream import render_lowering, write_lowering
 from ..model.formats.msccl.writer import MscclFormatError, MscclLowering, lower_msccl
@@ -522,6 +522,92 @@ def _apart(arr: ScheduleArrays, chans: int) -> int:
     return int(per_rank.max())
 
 
+_ORDERED = (Collective.ALLGATHER, Collective.ALLREDUCE, Collective.BROADCAST)
+
+
+def _fused_steps(arr: ScheduleArrays, at: np.ndarray, conn: np.ndarray) -> np.ndarray:
+    """Per connection of transfers `at` (`conn`: their keys; connections in key order): the
+    fewest steps its transfers can become once the writer fuses them (`_fuse`: consecutive
+    slots at both ends, cnt <= MAX_COUNT, plain receives only). Where every chunk lands in the
+    output (_ORDERED) consecutive slots hold consecutive chunks; elsewhere a receive may land
+    in scratch, whose slots follow arrival order, so any plain transfers may fuse."""
+    chunk = arr.chunk[at].astype(np.int64)
+    order = np.lexsort((chunk, conn))
+    conn, chunk, red = conn[order], chunk[order], arr.reduce[at][order]
+    count = arr.count[at][order].astype(np.int64)
+    new = np.ones(len(conn), dtype=bool)  # a transfer no fused step can share with the last
+    new[1:] = (conn[1:] != conn[:-1]) | red[1:] | red[:-1]
+    if arr.collective in _ORDERED:
+        new[1:] |= chunk[1:] != chunk[:-1] + count[:-1]
+    run = np.cumsum(new) - 1
+    run_steps = -(-np.bincount(run, weights=np.minimum(count, MAX_COUNT)).astype(np.int64)
+                  // MAX_COUNT)  # fmt: skip
+    first = np.flatnonzero(np.r_[True, conn[1:] != conn[:-1]])
+    return np.add.reduceat(run_steps, run[first])
+
+
+def _shared_floor(arr: ScheduleArrays, chans: int, budget: int) -> int:
+    """A floor on the steps of the writer's busiest threadblock, from GPU 0 and the root,
+    where they have more streams (send or receive peers per channel) than `budget`
+    threadblocks; 0 where they have not. Any GPU's floor is one for the file; in a schedule
+    made of translates every GPU has GPU 0's, and looking at two keeps it cheap.
+
+    Such a GPU pairs a send with a receive of one channel in at least `streams - budget`
+    threadblocks, and when no pairing leaves a threadblock free the writer cannot deal its
+    streams over more channels (`lower_msccl` splits a connection only where the budget holds
+    the new streams at both ends). A paired receive has no threadblock of its own, so the
+    writer does not fuse its transfers: it holds at least one step each; a send at least its
+    fused steps (its receiver may drain). Relaxed to any send with any receive, the fewest
+    pairs take the smallest sends and receives, the largest send with the smallest receive.
+    First with the fused steps counted by weight alone; then, if that passes, by runs of
+    consecutive chunks (`_fused_steps`)."""
+    n = arr.nranks
+    mine = np.unique([0, arr.root])
+    at = np.flatnonzero(np.isin(arr.src, mine) | np.isin(arr.dst, mine))
+    conn = (arr.src[at].astype(np.int64) * n + arr.dst[at]) * chans + arr.channel[at] % chans
+    weight = np.minimum(arr.count[at], MAX_COUNT).astype(np.float64)
+    keys, inv, transfers = np.unique(conn, return_inverse=True, return_counts=True)
+    src, dst, ch = keys // chans // n, keys // chans % n, keys % chans
+    sends = np.bincount(src, minlength=n)
+    recvs = np.bincount(dst, minlength=n)
+    s_c = np.bincount(src * chans + ch, minlength=n * chans).reshape(n, chans)
+    r_c = np.bincount(dst * chans + ch, minlength=n * chans).reshape(n, chans)
+    streams = sends + recvs
+    need = streams - budget  # pairs the writer must make on each GPU
+    full = (need > 0) & (streams - np.minimum(s_c, r_c).sum(axis=1) >= budget)
+    full &= np.isin(np.arange(n), mine)  # other GPUs' streams are only partly in view
+    if not full.any():
+        return 0
+    width = int(max(sends.max(), recvs.max()))
+    big = np.iinfo(np.int64).max // 4  # pads a GPU's row; a pair with it cannot be made
+
+    def table(rank: np.ndarray, value: np.ndarray, per: np.ndarray) -> np.ndarray:
+        """Each GPU's values ascending in one row, padded with `big`."""
+        order = np.lexsort((value, rank))
+        start = np.concatenate(([0], np.cumsum(per)[:-1]))
+        col = np.arange(len(rank)) - start[rank[order]]
+        out = np.full((n, width), big, dtype=np.int64)
+        out[rank[order], col] = value[order]
+        return out
+
+    in_tab = table(dst, transfers, recvs)
+    j = np.arange(width)[None, :]
+    k = np.where(full, need, 0)[:, None]
+    back = np.clip(k - 1 - j, 0, width - 1)
+
+    def floor(fused: np.ndarray) -> int:
+        most = np.zeros(n, dtype=np.int64)  # unpaired streams: their fused steps
+        np.maximum.at(most, src, fused)
+        np.maximum.at(most, dst, fused)
+        pair = np.where(j < k, table(src, fused, sends) + np.take_along_axis(in_tab, back, 1), 0)
+        return int(np.maximum(most, pair.max(axis=1))[full].max())
+
+    got = floor(-(-np.bincount(inv, weights=weight).astype(np.int64) // MAX_COUNT))
+    if got > MAX_STEPS:
+        return got
+    return floor(_fused_steps(arr, at, conn))
+
+
 def _deals(fab: asm.Fabric, arr: ScheduleArrays,
            budget: int) -> tuple[list[ScheduleArrays], str, int]:  # fmt: skip
     """Channel deals of `arr` that may fit `budget` threadblocks per GPU, best first (empty:
@@ -531,7 +617,8 @@ def _deals(fab: asm.Fabric, arr: ScheduleArrays,
     send and receive), then every peer on the most channels the budget allows with streams
     paired (a block keeps its channel modulo that, so a chunk's path stays on one channel id),
     then per-peer channel counts that follow the load (assemble.spread_channels). Threadblocks
-    are counted exactly from the arrays, steps per threadblock as a floor (no nops); the exact
+    are counted exactly from the arrays, steps per threadblock as a floor (no nops; where
+    sends and receives must share threadblocks, `_shared_floor`); the exact
     lowering comes later, for the variants that may be used.
     """
     least = int(_streams(arr, 1)[0].max())
@@ -555,6 +642,9 @@ def _deals(fab: asm.Fabric, arr: ScheduleArrays,
         tbs, floor = _streams(dealt, dealt.channels)
         if tbs.max() > budget:
             why = why or f"needs {tbs.max()} threadblocks per GPU"
+        elif (shared := _shared_floor(dealt, dealt.channels, budget)) > MAX_STEPS:
+            why = why or (f"needs {shared}+ steps in a threadblock a send and a receive share "
+                          f"(the limit: {MAX_STEPS})")  # fmt: skip
         elif floor.max() > MAX_STEPS and (
             tbs.max() * -(-floor.max() // MAX_STEPS) > budget
             or dealt.channels * -(-floor.max() // MAX_STEPS) > MAX_CHANNELS

@@ -439,27 +439,70 @@ def _check_params(chunks: int, channels: int) -> None:
         raise BaselineError(f"channels must be >= 1, got {channels}")
 
 
+def _ring_positions(topo: ClusterTopology, channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """[channels, n] ring orders and each rank's position in its channel's ring."""
+    rings = np.asarray([ring_order(topo, c) for c in range(channels)], dtype=np.int64)
+    pos = np.empty_like(rings)
+    np.put_along_axis(pos, rings, np.arange(rings.shape[1])[None, :], axis=1)
+    return rings, pos
+
+
+def _chains(
+    name: str, coll: Collective, n: int, chunks_per_rank: int, channels: int,
+    src: np.ndarray, dst: np.ndarray, chunk: np.ndarray, channel: np.ndarray, prev: np.ndarray,
+    reduce: np.ndarray, in_flight: int,
+) -> ScheduleArrays:  # fmt: skip
+    """Flat arrays of transfers in build order, each waiting for its chain predecessor `prev`
+    (-1: none) and, as `_Builder` does, for the transfer `in_flight` before it on its
+    connection (src, dst, channel). Rings are ~n^2 transfers: built in numpy, not one by one."""
+    m = len(src)
+    win = np.full(m, -1, dtype=np.int64)
+    if in_flight and m:
+        conn = (src * n + dst) * channels + channel
+        order = np.argsort(conn, kind="stable")
+        first = np.concatenate([[True], conn[order][1:] != conn[order][:-1]])
+        start = np.maximum.accumulate(np.where(first, np.arange(m), 0))
+        k = np.arange(m) - start  # index within the connection
+        back = order[np.maximum(np.arange(m) - in_flight, 0)]
+        win[order] = np.where(k >= in_flight, back, -1)
+    deps = np.stack([prev, win], axis=1)
+    has = deps >= 0
+    dep_ptr = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(has.sum(axis=1), out=dep_ptr[1:])
+    return ScheduleArrays(
+        name=name, collective=coll, nranks=n, chunks_per_rank=chunks_per_rank,
+        src=src.astype(np.int32), dst=dst.astype(np.int32), chunk=chunk.astype(np.int64),
+        count=np.ones(m, dtype=np.int32), reduce=reduce, channel=channel.astype(np.int32),
+        dep_ptr=dep_ptr, dep_idx=deps[has].astype(np.int64), channels=channels,
+    )  # fmt: skip
+
+
+def _ring_pass(
+    topo: ClusterTopology, chunks: int, channels: int, shift: int
+) -> tuple[np.ndarray, ...]:
+    """Every rank's chunk j travelling N-1 hops on channel j % channels' ring, in build order
+    (chunk j, hop h, owner o): hop h goes from ring position p(o) + h - 1 + shift to the next."""
+    n = topo.world_size
+    cpr = chunks * channels
+    rings, pos = _ring_positions(topo, channels)
+    j, h, o = (a.ravel() for a in np.meshgrid(np.arange(cpr), np.arange(1, n), np.arange(n),
+                                              indexing="ij"))  # fmt: skip
+    ch = j % channels
+    at = pos[ch, o] + h - 1 + shift
+    prev = np.where(h > 1, np.arange(len(j)) - n, -1)
+    return rings[ch, at % n], rings[ch, (at + 1) % n], o * cpr + j, ch, prev
+
+
 def ring_allgather(
     topo: ClusterTopology, *, chunks: int = 1, channels: int = 1, in_flight: int = 0
 ) -> ScheduleArrays:
     """NCCL ring allgather: each rank's chunk travels N-1 hops around its channel's ring."""
     _check_params(chunks, channels)
     n = topo.world_size
-    c_per_rank = chunks * channels
-    rings = [ring_order(topo, c) for c in range(channels)]
-    pos = [{r: i for i, r in enumerate(ring)} for ring in rings]
-    b = _Builder(in_flight)
-    for j in range(c_per_rank):
-        ch = j % channels
-        ring, p = rings[ch], pos[ch]
-        prev = {o: -1 for o in range(n)}
-        for h in range(1, n):
-            for o in range(n):
-                po = p[o]
-                prev[o] = b.add(ring[(po + h - 1) % n], ring[(po + h) % n], o * c_per_rank + j,
-                                (prev[o],), channel=ch)  # fmt: skip
-    return b.arrays(f"nccl-ring-allgather-{channels}ch-{chunks}c", Collective.ALLGATHER, n,
-                    c_per_rank, channels=channels)  # fmt: skip
+    src, dst, chunk, ch, prev = _ring_pass(topo, chunks, channels, 0)
+    return _chains(f"nccl-ring-allgather-{channels}ch-{chunks}c", Collective.ALLGATHER, n,
+                   chunks * channels, channels, src, dst, chunk, ch, prev,
+                   np.zeros(len(src), dtype=bool), in_flight)  # fmt: skip
 
 
 def ring_reducescatter(
@@ -468,21 +511,10 @@ def ring_reducescatter(
     """NCCL ring reduce-scatter: each output chunk is reduced along N-1 hops ending at its owner."""
     _check_params(chunks, channels)
     n = topo.world_size
-    c_per_rank = chunks * channels
-    rings = [ring_order(topo, c) for c in range(channels)]
-    pos = [{r: i for i, r in enumerate(ring)} for ring in rings]
-    b = _Builder(in_flight)
-    for j in range(c_per_rank):
-        ch = j % channels
-        ring, p = rings[ch], pos[ch]
-        prev = {o: -1 for o in range(n)}
-        for h in range(1, n):
-            for o in range(n):
-                po = p[o]
-                prev[o] = b.add(ring[(po + h) % n], ring[(po + h + 1) % n], o * c_per_rank + j,
-                                (prev[o],), reduce=True, channel=ch)  # fmt: skip
-    return b.arrays(f"nccl-ring-reducescatter-{channels}ch-{chunks}c", Collective.REDUCESCATTER,
-                    n, c_per_rank, channels=channels)  # fmt: skip
+    src, dst, chunk, ch, prev = _ring_pass(topo, chunks, channels, 1)
+    return _chains(f"nccl-ring-reducescatter-{channels}ch-{chunks}c", Collective.REDUCESCATTER,
+                   n, chunks * channels, channels, src, dst, chunk, ch, prev,
+                   np.ones(len(src), dtype=bool), in_flight)  # fmt: skip
 
 
 def ring_allreduce(
@@ -493,26 +525,22 @@ def ring_allreduce(
     Chunk space: chunks * channels loops of N segments each (chunks_per_rank = N*chunks*channels),
     numbered by the rank the segment is reduced on, then the loop (rank r's part of the buffer,
     as synth/assemble.allreduce numbers it; sim/symmetric_sim.py reads chunks that way).
+    Build order: loop u, phase (N-1 reduce-scatter hops, then N-1 allgather hops), segment s;
+    segment s ends reduced on ring[s], then travels on from it.
     """
     _check_params(chunks, channels)
     n = topo.world_size
     loops = chunks * channels
-    rings = [ring_order(topo, c) for c in range(channels)]
-    b = _Builder(in_flight)
-    for u in range(loops):
-        ch = u % channels
-        ring = rings[ch]
-        prev = [-1] * n
-        for h in range(1, n):  # reduce-scatter: segment s ends reduced on ring[s]
-            for s in range(n):
-                prev[s] = b.add(ring[(s + h) % n], ring[(s + h + 1) % n], ring[s] * loops + u,
-                                (prev[s],), reduce=True, channel=ch)  # fmt: skip
-        for h in range(1, n):  # allgather from ring[s]
-            for s in range(n):
-                prev[s] = b.add(ring[(s + h - 1) % n], ring[(s + h) % n], ring[s] * loops + u,
-                                (prev[s],), channel=ch)  # fmt: skip
-    return b.arrays(f"nccl-ring-allreduce-{channels}ch-{chunks}c", Collective.ALLREDUCE, n,
-                    n * loops, channels=channels)  # fmt: skip
+    rings, _ = _ring_positions(topo, channels)
+    u, phase, seg = (a.ravel() for a in np.meshgrid(np.arange(loops), np.arange(2 * (n - 1)),
+                                                    np.arange(n), indexing="ij"))  # fmt: skip
+    ch = u % channels
+    reduce = phase < n - 1
+    at = seg + np.where(reduce, phase + 1, phase - (n - 1))  # sender's ring position
+    prev = np.where(phase > 0, np.arange(len(u)) - n, -1)
+    return _chains(f"nccl-ring-allreduce-{channels}ch-{chunks}c", Collective.ALLREDUCE, n,
+                   n * loops, channels, rings[ch, at % n], rings[ch, (at + 1) % n],
+                   rings[ch, seg] * loops + u, ch, prev, reduce, in_flight)  # fmt: skip
 
 
 def ring_broadcast(

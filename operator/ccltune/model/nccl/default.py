@@ -422,15 +422,14 @@ def _schedule(coll: Collective, algo: str, topo: ClusterTopology, chunks: int,
 
 
 def _ring_may_be_symmetric(coll: Collective, algo: str, topo: ClusterTopology) -> bool:
-    """Can NCCL's ring be N translates of rank 0's transfers (sim/symmetric_sim.py)? Only inside
-    one node: across nodes a ring's intra-node hops and its node-crossing hop are not images of
-    each other under the fabric's translations, and a broadcast has a root. Where the ring's
-    layouts still break a premise, the simulator says so and runs in full. The time is the same
-    either way, to the last bit or (allreduce: other summation order) within 1e-15 relative
-    (tests/model/test_nccl_default_symmetric.py), at a fraction of the cost (dgx-h100-1's
-    allgather sweep 6x, allreduce 15x cheaper: docs/cli-startup.md)."""
-    return (algo == "ring" and coll != Collective.BROADCAST and topo.node_count == 1
-            and topo.dimensions is not None)  # fmt: skip
+    """Can sim/symmetric_sim.py simulate NCCL's ring through one orbit? Inside one node the ring
+    is N translates of rank 0's transfers; across nodes every node runs the same intra-node
+    layout, so the ring is the node shifts' translates of one node's transfers. A broadcast has
+    a root, a tree a root node: neither qualifies. Where the ring's layouts or the routes still
+    break a premise, the simulator says so and runs in full. The time is the same either way,
+    within 1e-12 relative (other summation order; tests/model/test_nccl_default_symmetric.py),
+    at a fraction of the cost (docs/cli-startup.md)."""
+    return algo == "ring" and coll != Collective.BROADCAST and topo.dimensions is not None
 
 
 def default_estimate(

@@ -581,11 +581,17 @@ def _simulate_quotient(
     start, finish, events = _run(p, "batch" if windowed else "heap")
     start, finish = start + protocol.launch_us, finish + protocol.launch_us
     time_us = _call_time(finish, protocol)
-    # Every rank is an image of every other: each finishes when the last representative does.
+    if q.images == arrays.nranks:  # every rank is an image of every other
+        rank_finish = np.full(arrays.nranks, time_us)
+    else:  # a rank finishes with the representatives its H-orbit sends or receives
+        per_class = np.zeros(arrays.nranks)
+        for end in (arrays.src, arrays.dst):
+            np.maximum.at(per_class, q.rank_class[end[q.reps]], finish)
+        rank_finish = per_class[q.rank_class]
     return SimResult(
         time_us=time_us,
-        rank_finish_us=np.full(arrays.nranks, time_us),
-        events=events * arrays.nranks,  # events the full simulation would have processed
+        rank_finish_us=rank_finish,
+        events=events * q.images,  # events the full simulation would have processed
         transfers=len(arrays),
         busiest=[],
         simulated_start=start,

@@ -8,6 +8,10 @@ carry N/|O| images of every representative flow crossing O, which is exactly one
 capacity c*|O|/N shared by those representative flows. The result equals the full simulation
 (tested) at a fraction 1/N of the events.
 
+A schedule symmetric under a subgroup K only (NCCL's ring across nodes: the node shifts, every
+node running the same intra-node layout) is read the same way with one block of ranks' transfers
+per orbit: K is tried among the translations of the outer dimensions, largest first.
+
 Every premise is checked on the arrays and the routes, never assumed: the block layout, deps that
 translate, routes that commute with the translations (ECMP hashing may break this), equal
 capacities within an orbit and equal latencies within a pair orbit. When one fails,
@@ -44,6 +48,8 @@ class Quotient:
     pad: int
     alpha_path: np.ndarray  # per representative: path latency (us)
     msg_us: np.ndarray  # per representative: transport cost per network message (routing.py)
+    images: int  # |H|: transfers per representative (nranks: every rank alike)
+    rank_class: np.ndarray  # per rank: its orbit under H (ranks of one orbit finish together)
 
 
 def _layout(s: ScheduleArrays, grp: Translations) -> tuple[np.ndarray, np.ndarray] | str:
@@ -83,11 +89,9 @@ def _translate_major(s: ScheduleArrays, grp: Translations) -> np.ndarray | None:
     if n % big_n:
         return None
     src = s.src.astype(np.int64)
-    feat = np.stack([grp.sub(s.dst.astype(np.int64), src), s.count.astype(np.int64),
-                     s.channel.astype(np.int64), s.reduce.astype(np.int64),
-                     *_chunk_place(s, grp, src)], axis=1)  # fmt: skip
-    _, fid = np.unique(feat, axis=0, return_inverse=True)
-    fid = fid.reshape(-1)
+    # Row ids in the rows' lexicographic order (as np.unique(axis=0) numbers them, 10x faster).
+    fid = _row_ids([grp.sub(s.dst.astype(np.int64), src), s.count, s.channel, s.reduce,
+                    *_chunk_place(s, grp, src)])  # fmt: skip
     order = np.lexsort((np.arange(n), fid, src))
     if (np.bincount(src, minlength=big_n) != n // big_n).any():
         return None
@@ -201,10 +205,11 @@ def route_keys(s: ScheduleArrays, router: Router, n: int) -> np.ndarray:
 
 
 def _channel_orbits(
-    s: ScheduleArrays, router: Router, grp: Translations
+    s: ScheduleArrays, router: Router, grp: Translations, kstep: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Steps of the largest translation subgroup H the routes commute with, and for every pair
-    the schedule uses: its key, path CSR, latency; channel orbit ids under H (-1 untouched)."""
+    """Steps of the largest translation subgroup H of the schedule's K (steps `kstep`) the routes
+    commute with, and for every pair the schedule uses: its key, path CSR, latency; channel orbit
+    ids under H (-1 untouched)."""
     period = router.nic_period
     routes = route_keys(s, router, grp.n)
     span = grp.n * grp.n * period
@@ -227,7 +232,8 @@ def _channel_orbits(
 
     steps = np.ones(len(grp.sizes), dtype=np.int64)
     for d, size in enumerate(grp.sizes.tolist()):
-        for m in (m for m in range(1, size + 1) if size % m == 0):
+        base = int(kstep[d])
+        for m in (m for m in range(base, size + 1, base) if size % m == 0):
             step = np.zeros(len(grp.sizes), dtype=np.int64)
             step[d] = m % size
             got = _generator_map(ukeys, off, chans, lat, grp, step, period) if m < size else None
@@ -262,6 +268,8 @@ class _Structure:
     tb: np.ndarray  # [2, reps]: sending and receiving threadblock class
     lat: np.ndarray
     msg_us: np.ndarray
+    images: int
+    rank_class: np.ndarray
 
 
 _CACHE: dict[tuple[int, int], tuple[ScheduleArrays, Router, _Structure | str]] = {}
@@ -298,7 +306,8 @@ def prepare_symmetric(
         cap = np.concatenate([cap, np.full(extra, tb_cap * 1e3)])
         res = np.concatenate([res, (norb + st.tb).astype(np.int32)])
     return Quotient(st.reps, st.rep_of, st.dep_ptr, st.dep_idx, st.dep_same_dst, res,
-                    np.concatenate([cap, [np.inf]]), pad, st.lat, st.msg_us)  # fmt: skip
+                    np.concatenate([cap, [np.inf]]), pad, st.lat, st.msg_us, st.images,
+                    st.rank_class)  # fmt: skip
 
 
 def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router,
@@ -313,32 +322,134 @@ def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router,
     if ((s.src < 0) | (s.src >= grp.n) | (s.dst < 0) | (s.dst >= grp.n) | (s.src == s.dst)).any():
         return "a transfer has an invalid rank"
     got = _layout(s, grp)
-    if isinstance(got, str):
+    if not isinstance(got, str):
+        return _quotient_structure(s, router, grp, np.ones_like(grp.sizes), *got)
+    reason = got
+    if reorder:
         # Not in N-translates order (a file read back lists each gpu's steps in turn): put it
         # in that order and check every premise again on the reordered arrays.
-        perm = _translate_major(s, grp) if reorder else None
-        if perm is None:
-            return got
-        st = _structure(_permuted(s, perm), topo, router, reorder=False)
-        if isinstance(st, str):
-            return st
-        rep_of = np.empty_like(st.rep_of)
-        rep_of[perm] = st.rep_of
-        st.reps, st.rep_of = perm[st.reps], rep_of
-        return st
-    rep, elem = got
-    nrep = len(s) // grp.n
+        perm = _translate_major(s, grp)
+        if perm is not None:
+            st = _structure(_permuted(s, perm), topo, router, reorder=False)
+            if not isinstance(st, str):
+                rep_of = np.empty_like(st.rep_of)
+                rep_of[perm] = st.rep_of
+                st.reps, st.rep_of = perm[st.reps], rep_of
+                return st
+            reason = st
+        # Invariant under the outer dimensions' translations only (NCCL's rings across nodes:
+        # every node runs the same intra-node layout): one block of ranks' transfers per orbit.
+        for kstep in _outer_subgroups(grp):
+            lay = _subgroup_layout(s, grp, kstep)
+            if isinstance(lay, str):
+                reason = reason if lay == _NOT_BLOCK_TRANSLATES else lay
+                continue
+            st = _quotient_structure(s, router, grp, kstep, *lay)
+            if not isinstance(st, str):
+                return st
+            reason = st
+    return reason
+
+
+_NOT_BLOCK_TRANSLATES = "transfers are not translates of one block of ranks' transfers"
+
+
+def _outer_subgroups(grp: Translations) -> list[np.ndarray]:
+    """Steps of K_j, the translations along dimensions j.. (j >= 1), largest subgroup first."""
+    out = []
+    for j in range(1, len(grp.sizes)):
+        kstep = np.ones_like(grp.sizes)
+        kstep[:j] = grp.sizes[:j]
+        out.append(kstep)
+    return out
+
+
+def _row_ids(cols: list[np.ndarray]) -> np.ndarray:
+    """Keys equal for equal rows of the non-negative integer columns `cols`, ordered as the rows
+    are lexicographically (first column most significant)."""
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    span = 1
+    for c in cols:
+        c = c.astype(np.int64)
+        width = int(c.max(initial=0)) + 1
+        if span * width >= 1 << 62:  # would overflow: compact what is packed so far
+            key = np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
+            span = int(key.max(initial=0)) + 1
+            if span * width >= 1 << 62:
+                raise OverflowError("too many distinct rows to pack")
+        key = key * width + c
+        span *= width
+    return key
+
+
+def _subgroup_layout(
+    s: ScheduleArrays, grp: Translations, kstep: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | str:
+    """(rep position, element of K) per transfer if `s` is |K| translates of the transfers sent by
+    K's fundamental domain (ranks with coordinates below `kstep`), K the translations by
+    multiples of `kstep`; each transfer is the image of the domain's under its sender's K part."""
+    n = len(s)
+    order_k = int(np.prod(grp.sizes // kstep))
+    if order_k == 1 or n % order_k:
+        return _NOT_BLOCK_TRANSLATES
+    src, dst = s.src.astype(np.int64), s.dst.astype(np.int64)
+    sc = grp.coords(src)
+    elem = grp.rank(sc - sc % kstep)
+    cols = [grp.sub(src, elem), grp.sub(dst, elem), s.count, s.channel, s.reduce,
+            *_chunk_place(s, grp, elem)]  # fmt: skip
+    fid = _row_ids([np.asarray(c) for c in cols])
+    block = n // order_k
+    in_k = (grp.coords(np.arange(grp.n)) % kstep == 0).all(axis=-1)
+    if (np.bincount(elem, minlength=grp.n)[in_k] != block).any():
+        return _NOT_BLOCK_TRANSLATES
+    order = np.lexsort((np.arange(n), fid, elem))
+    rows = fid[order].reshape(order_k, block)
+    if not (rows == rows[0]).all():
+        return _NOT_BLOCK_TRANSLATES
+    rep = np.empty(n, dtype=np.int64)
+    rep[order] = np.tile(np.arange(block, dtype=np.int64), order_k)
+    if s.tb is not None and not _threadblocks_translate(s, grp, rep, elem, order[:block]):
+        return "threadblocks do not translate with the transfers"
+    return rep, elem
+
+
+def _threadblocks_translate(s: ScheduleArrays, grp: Translations, rep: np.ndarray,
+                            elem: np.ndarray, base: np.ndarray) -> bool:  # fmt: skip
+    """Is every threadblock side (rank, tb) one image of a side of the untranslated transfers
+    (`base`, per representative) carrying exactly the images of that side's transfers? Sides
+    are keyed as in capacity.threadblock_ports."""
+    assert s.tb is not None
+    tb = s.tb.astype(np.int64)
+    if tb.min() < 0:
+        return False
+    b = base[rep]
+    for rank in (s.src.astype(np.int64), s.dst.astype(np.int64)):
+        here = np.unique(rank * (int(tb.max()) + 1) + tb, return_inverse=True)[1].reshape(-1)
+        there = _row_ids([elem, rank[b], tb[b]])
+        there = np.unique(there, return_inverse=True)[1].reshape(-1)
+        pairs = here.astype(np.int64) * len(s) + there
+        if not int(here.max()) == int(there.max()) == len(np.unique(pairs)) - 1:
+            return False
+    return True
+
+
+def _quotient_structure(s: ScheduleArrays, router: Router, grp: Translations, kstep: np.ndarray,
+                        rep: np.ndarray, elem: np.ndarray) -> _Structure | str:  # fmt: skip
+    """The quotient of `s`, transfer i being rep[i]'s image under elem[i] in K (steps `kstep`)."""
+    nrep = len(s) // int(np.prod(grp.sizes // kstep))
     deps = _quotient_deps(s, rep, elem, nrep, grp)
     if isinstance(deps, str):
         return deps
-    steps, ukeys, off, chans, lat, orbit = _channel_orbits(s, router, grp)
+    steps, ukeys, off, chans, lat, orbit = _channel_orbits(s, router, grp, kstep)
     h_size = int(np.prod(grp.sizes // steps))
     if h_size == 1:
         return "routes commute with no translation of the fabric"
-    # Transfers are represented per coset of H: elem = h + c with c's coordinates below steps.
+    # Transfers are represented per coset of H in K: elem = h + c with c's coordinates below
+    # steps (multiples of kstep).
     ec = grp.coords(elem)
-    coset = (ec % steps * np.concatenate([[1], np.cumprod(steps)[:-1]])).sum(axis=-1)
-    ncos = int(np.prod(steps))
+    radix = steps // kstep
+    coset = (ec % steps // kstep * np.concatenate([[1], np.cumprod(radix)[:-1]])).sum(axis=-1)
+    ncos = int(np.prod(radix))
     qrep = rep * ncos + coset
     is_rep = np.asarray((ec < steps).all(axis=-1))  # h = 0
     owner, dep = deps
@@ -382,7 +493,7 @@ def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router,
         send_local = recv_local = s.tb[reps].astype(np.int64)
     span = int(max(send_local.max(), recv_local.max())) + 1
     sides = [grp.rank(grp.coords(r) % steps) for r in (src, dst)]
-    keys = np.concatenate([sides[0] * span + send_local, (ncos + sides[1]) * span + recv_local])
+    keys = np.concatenate([sides[0] * span + send_local, (grp.n + sides[1]) * span + recv_local])
     _, tb = np.unique(keys, return_inverse=True)
     tb = tb.reshape(2, len(reps))
     nvl = nvlink_channels(router)
@@ -393,4 +504,5 @@ def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router,
     if (on_nvl & off_nvl).any():
         return "links of one orbit differ in kind"
     return _Structure(reps, qrep, dep_ptr, q_dep, ~pays, links, ocap_min * size / h_size, on_nvl,
-                      tb, lat[pidx], router.message_us(s.src[reps], s.dst[reps]))  # fmt: skip
+                      tb, lat[pidx], router.message_us(s.src[reps], s.dst[reps]),
+                      h_size, grp.rank(grp.coords(np.arange(grp.n)) % steps))  # fmt: skip

@@ -10,7 +10,8 @@ The result is a Schedule whose transfers are the file's sends (one per run of co
 chunks), timed by what the executor waits for: a transfer starts after the receives that precede
 its send and its receive, never after the sends before it (a send only fills a FIFO slot).
 `read_msccl` also keeps each transfer's threadblocks and steps (`ReadBack`), which the runtime's
-slicing needs (slicing.py).
+slicing needs (slicing.py). A file whose ranks are rank 0's translates is parsed through rank 0
+(translates.py); the steps are the same, so the run and the proof are too.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .executor import (
 )
 from .limits import MAX_COUNT
 from .replay import Reach, Value, prove
+from .translates import split_gpus, translated_gpus
 from .writer import PROTOCOLS, MscclFormatError, _Layout
 
 # Attributes msccl_parser.cc reads with mscclXmlGetAttr* (a missing one fails the load); others
@@ -78,6 +80,8 @@ class _Read:
     attrs: dict[str, str]
     prog: Program
     order: tuple[int, ...]  # step uids in the order execute() completed them
+    sent: dict[int, list[Value]]  # what the proof found each send carries
+    combined: set[int]
     result: ReadBack
 
 
@@ -114,47 +118,61 @@ def read_msccl(text: str) -> ReadBack:
     for inplace, claim in ((False, "outofplace"), (True, "inplace")):
         if int(attrs[claim]):
             sent, combined = prove(prog, order, before, lay, inplace)
+    out = _result(attrs, prog, order, preds, before, sent, combined, c, root)
+    if len(_READS) >= _READS_MAX:
+        _READS.pop(next(iter(_READS)))
+    _READS[key] = _Read(attrs, prog, tuple(x.uid for x in order), sent, combined, out)
+    return out
+
+
+def _result(attrs: dict[str, str], prog: Program, order: list[XStep],
+               preds: list[list[XStep]], before: Callable[[int, int], bool],
+               sent: dict[int, list[Value]], combined: set[int], c: int,
+               root: int) -> ReadBack:  # fmt: skip
     transfers, ends = _transfers(prog, order, preds, before, sent, combined)
     sched = Schedule(
         name=attrs["name"],
-        collective=coll,
-        nranks=n,
+        collective=_COLLS[attrs["coll"]],
+        nranks=len(prog.tbs),
         chunks_per_rank=c,
         transfers=transfers,
         root=root,
-        protocol=proto,
+        protocol=attrs["proto"],
         channels=int(attrs["nchannels"]),
     )
 
     def column(values: Iterator[int]) -> np.ndarray:
         return np.fromiter(values, dtype=np.int32, count=len(ends))
 
-    out = ReadBack(
+    return ReadBack(
         sched, int(attrs["nchunksperloop"]),
         column(x.tb for x, _ in ends), column(rx.tb for _, rx in ends),
         column(x.idx for x, _ in ends), column(rx.idx for _, rx in ends),
-        np.array([len(g) for g in tbs], dtype=np.int32),
+        np.array([len(g) for g in prog.tbs], dtype=np.int32),
     )  # fmt: skip
-    if len(_READS) >= _READS_MAX:
-        _READS.pop(next(iter(_READS)))
-    _READS[key] = _Read(attrs, prog, tuple(x.uid for x in order), out)
-    return out
 
 
 def _same_but_protocol(seen: _Read | None, head: str) -> ReadBack | None:
-    """A file read before with another protocol, when the executor runs this one in the same
-    order: the protocol changes only its FIFO slots (slots_per_step), so with the same order
-    the proof and the transfers are the same, and only the schedule's protocol differs. The
-    run itself is repeated: another protocol's slots may deadlock where the first did not."""
+    """A file read before with another protocol: the protocol changes only its FIFO slots
+    (slots_per_step). The run itself is repeated (another protocol's slots may deadlock where
+    the first did not). With the same completion order the transfers are the same and only the
+    schedule's protocol differs. With another order the proof still holds: it found every two
+    accesses of a slot ordered by happens-before, which no order changes, so every order reads
+    the same values; only the transfers, numbered in completion order, are made again."""
     got = _PROTO_ATTR.search(head)
     if seen is None or got is None or got.group(1) not in PROTOCOLS:
         return None  # the full read reports what is wrong
     proto, attrs = got.group(1), seen.attrs
-    order = execute(seen.prog, slots_per_step(proto, int(attrs["maxBytes"]),
-                                              int(attrs["nchunksperloop"])))  # fmt: skip
-    if tuple(x.uid for x in order) != seen.order:
-        return None
+    prog = seen.prog
+    order = execute(prog, slots_per_step(proto, int(attrs["maxBytes"]),
+                                         int(attrs["nchunksperloop"])))  # fmt: skip
     rb = seen.result
+    if tuple(x.uid for x in order) != seen.order:
+        preds = prog.preds()
+        before = Reach(preds, {x.uid: i for i, x in enumerate(order)}).before
+        s = rb.schedule
+        return _result({**attrs, "proto": proto}, prog, order, preds, before, seen.sent,
+                          seen.combined, s.chunks_per_rank, s.root)  # fmt: skip
     sched = replace(rb.schedule, protocol=proto, transfers=list(rb.schedule.transfers))
     return replace(rb, schedule=sched)
 
@@ -187,10 +205,64 @@ def _str(elem: ET.Element, attr: str, where: str, allowed: tuple[str, ...] | fro
 
 
 def _parse(text: str) -> tuple[dict[str, str], list[dict[str, int]], list[list[list[XStep]]]]:
+    fast = _parse_translated(text)
+    return fast if fast is not None else _parse_each(text)
+
+
+def _parse_translated(
+    text: str,
+) -> tuple[dict[str, str], list[dict[str, int]], list[list[list[XStep]]]] | None:
+    """A file whose ranks are rank 0's translates, parsed through rank 0 (translates.py); None
+    for any other file, including a malformed one (`_parse_each` then says what is wrong)."""
+    parts = split_gpus(text)
+    if parts is None:
+        return None
+    head, segs, tail = parts
+    try:
+        root = ET.fromstring(head + segs[0] + tail)
+        attrs, ngpus, nch = _algo(root)
+        if len(root) != 1 or root[0].tag != "gpu":
+            return None
+        gid, sizes, tbs0 = _gpu(root[0], ngpus, nch)
+        coll = _COLLS[attrs["coll"]]
+        c = _chunks_per_rank(coll, ngpus, [sizes], attrs)
+    except (ET.ParseError, MscclFormatError):
+        return None
+    tbs = translated_gpus(segs, tbs0, coll, ngpus, c) if gid == 0 else None
+    if tbs is None:
+        return None
+    for g in tbs[1:]:
+        for t in g:
+            for x in t:
+                # one slot of a translate is in bounds by construction (the layout maps into
+                # the buffer); a run of several may leave it where rank 0's did not
+                if x.cnt > 1:
+                    _bounds(x, sizes)
+    return attrs, [sizes] * ngpus, tbs
+
+
+def _parse_each(text: str) -> tuple[dict[str, str], list[dict[str, int]], list[list[list[XStep]]]]:
     try:
         root = ET.fromstring(text)
     except ET.ParseError as exc:
         raise MscclFormatError(f"not well-formed XML: {exc}") from None
+    attrs, ngpus, nch = _algo(root)
+    gpus: dict[int, tuple[dict[str, int], list[list[XStep]]]] = {}
+    for g_el in root:
+        if g_el.tag != "gpu":
+            raise MscclFormatError(f"<algo> contains <{g_el.tag}>, expected <gpu>")
+        gid = _int(g_el, "id", "<gpu>", 0)
+        if gid >= ngpus or gid in gpus:
+            raise MscclFormatError(f"<gpu id={gid}>: id is duplicated or not below ngpus={ngpus}")
+        gpus[gid] = _gpu(g_el, ngpus, nch)[1:]
+    missing = sorted(set(range(ngpus)) - set(gpus))
+    if missing:
+        raise MscclFormatError(f"<algo>: ngpus={ngpus} but no <gpu id={missing[0]}>")
+    return attrs, [gpus[g][0] for g in range(ngpus)], [gpus[g][1] for g in range(ngpus)]
+
+
+def _algo(root: ET.Element) -> tuple[dict[str, str], int, int]:
+    """The <algo> element's attributes, checked; with ngpus and nchannels."""
     if root.tag != "algo":
         raise MscclFormatError(f"root element is <{root.tag}>, expected <algo>")
     for a in ALGO_ATTRS:
@@ -210,32 +282,26 @@ def _parse(text: str) -> tuple[dict[str, str], list[dict[str, int]], list[list[l
         )
     if not any(claims):
         raise MscclFormatError("<algo>: inplace=0 and outofplace=0: the algorithm never runs")
-    gpus: dict[int, tuple[dict[str, int], list[list[XStep]]]] = {}
-    for g_el in root:
-        if g_el.tag != "gpu":
-            raise MscclFormatError(f"<algo> contains <{g_el.tag}>, expected <gpu>")
-        gid = _int(g_el, "id", "<gpu>", 0)
-        where = f"<gpu id={gid}>"
-        if gid >= ngpus or gid in gpus:
-            raise MscclFormatError(f"{where}: id is duplicated or not below ngpus={ngpus}")
-        sizes = {a: _int(g_el, a, where, 0) for a in GPU_SIZES}
-        tbs: dict[int, list[XStep]] = {}
-        for tb_el in g_el:
-            if tb_el.tag != "tb":
-                raise MscclFormatError(f"{where} contains <{tb_el.tag}>, expected <tb>")
-            tid = _int(tb_el, "id", f"{where} <tb>", 0)
-            if tid in tbs:
-                raise MscclFormatError(f"gpu {gid} tb {tid}: duplicate threadblock id")
-            tbs[tid] = _threadblock(tb_el, gid, tid, ngpus, nch, sizes)
-        if sorted(tbs) != list(range(len(tbs))):
-            raise MscclFormatError(
-                f"{where}: threadblock ids must be 0..{len(tbs) - 1} without gaps"
-            )
-        gpus[gid] = (sizes, [tbs[i] for i in range(len(tbs))])
-    missing = sorted(set(range(ngpus)) - set(gpus))
-    if missing:
-        raise MscclFormatError(f"<algo>: ngpus={ngpus} but no <gpu id={missing[0]}>")
-    return attrs, [gpus[g][0] for g in range(ngpus)], [gpus[g][1] for g in range(ngpus)]
+    return attrs, ngpus, nch
+
+
+def _gpu(g_el: ET.Element, ngpus: int, nch: int) -> tuple[int, dict[str, int], list[list[XStep]]]:
+    gid = _int(g_el, "id", "<gpu>", 0)
+    where = f"<gpu id={gid}>"
+    if gid >= ngpus:
+        raise MscclFormatError(f"{where}: id is duplicated or not below ngpus={ngpus}")
+    sizes = {a: _int(g_el, a, where, 0) for a in GPU_SIZES}
+    tbs: dict[int, list[XStep]] = {}
+    for tb_el in g_el:
+        if tb_el.tag != "tb":
+            raise MscclFormatError(f"{where} contains <{tb_el.tag}>, expected <tb>")
+        tid = _int(tb_el, "id", f"{where} <tb>", 0)
+        if tid in tbs:
+            raise MscclFormatError(f"gpu {gid} tb {tid}: duplicate threadblock id")
+        tbs[tid] = _threadblock(tb_el, gid, tid, ngpus, nch, sizes)
+    if sorted(tbs) != list(range(len(tbs))):
+        raise MscclFormatError(f"{where}: threadblock ids must be 0..{len(tbs) - 1} without gaps")
+    return gid, sizes, [tbs[i] for i in range(len(tbs))]
 
 
 def _threadblock(
@@ -368,27 +434,41 @@ def _transfers(
             for first, cnt in _consecutive([k for k, _ in sent[x.uid]]):
                 ids[x.uid].append(len(raw))
                 raw.append((x, sent[x.uid][first][0], cnt, rx.uid in combined))
-    # per step: the nearest transfers received / sent before it (not counting itself) ...
-    got_before: dict[int, frozenset[int]] = {}
-    sent_before: dict[int, frozenset[int]] = {}
+    # per step (by uid): the nearest transfers received / sent before it (not counting
+    # itself) ...
+    nsteps = len(prog.steps)
+    empty: frozenset[int] = frozenset()
+    got_before: list[frozenset[int]] = [empty] * nsteps
+    sent_before: list[frozenset[int]] = [empty] * nsteps
     # ... and at or before it
-    got: dict[int, frozenset[int]] = {}
-    put: dict[int, frozenset[int]] = {}
+    got: list[frozenset[int]] = [empty] * nsteps
+    put: list[frozenset[int]] = [empty] * nsteps
+    sender_of = prog.sender_of
+    mine = {u: frozenset(v) for u, v in ids.items()}
     for x in order:
-        inner = [p for p in preds[x.uid] if p is not prog.sender_of.get(x.uid)]
-        got_before[x.uid] = frozenset().union(*(got[p.uid] for p in inner))
-        sent_before[x.uid] = frozenset().union(*(put[p.uid] for p in inner))
-        recv = x.type in RECV_TYPES
-        got[x.uid] = frozenset(ids[prog.sender_of[x.uid].uid]) if recv else got_before[x.uid]
-        put[x.uid] = frozenset(ids[x.uid]) if x.type in SEND_TYPES else sent_before[x.uid]
+        u = x.uid
+        snd = sender_of.get(u)
+        gb = sb = empty
+        for p in preds[u]:
+            if p is snd:
+                continue
+            g, s = got[p.uid], put[p.uid]
+            # a single predecessor's sets are shared, not copied (frozensets)
+            gb = g if not gb else gb | g
+            sb = s if not sb else sb | s
+        got_before[u], sent_before[u] = gb, sb
+        got[u] = mine[snd.uid] if snd is not None else gb
+        put[u] = mine.get(u, sb)
     deps: list[set[int]] = []
     war: list[set[int]] = []
+    receiver_of = prog.receiver_of
+    recv_of_raw = [receiver_of[x.uid].uid for x, _, _, _ in raw]
     for x, _, _, _ in raw:
-        rx = prog.receiver_of[x.uid]
+        r_uid = receiver_of[x.uid].uid
         # a fused step (rcs, rrs, rrcs) forwards what it receives: its own receive comes first
-        deps.append(set(got[x.uid] | got_before[rx.uid]))
-        earlier = sent_before[x.uid] | sent_before[rx.uid]
-        war.append({t for t in earlier if not before(x.uid, prog.receiver_of[raw[t][0].uid].uid)})
+        deps.append(set(got[x.uid] | got_before[r_uid]))
+        earlier = sent_before[x.uid] | sent_before[r_uid]
+        war.append({t for t in earlier if not before(x.uid, recv_of_raw[t])})
     out = [
         Transfer(x.gpu, x.send, k, cnt, red, tuple(sorted((deps[i] | war[i]) - {i})), x.chan)
         for i, (x, k, cnt, red) in enumerate(raw)
