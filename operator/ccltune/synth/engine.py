@@ -438,6 +438,7 @@ def synthesize(
                 "chunks per rank do not divide it)")  # fmt: skip
         picks[i] = _pick(coll, s, topo, default, best, bound, none)
     result.sizes = [picks[i] for i in range(len(sizes)) if i in picks]
+    dropped = list(dict.fromkeys(dropped))  # a file is tried at several sizes: say it once
     if dropped:
         more = f"; and {len(dropped) - 3} more" if len(dropped) > 3 else ""
         result.notes.append(
