@@ -379,24 +379,13 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
             if off is None or loc.get((r, k)) in (None, ("o", off)):
                 continue
             pend.append((k, loc[(r, k)], ("o", off)))
-        i = 0
-        while i < len(pend):
-            j = i + 1
-            while (
-                j < len(pend)
-                and j - i < MAX_COUNT
-                and pend[j][1] == (pend[i][1][0], pend[i][1][1] + j - i)
-                and pend[j][2] == ("o", pend[i][2][1] + j - i)
-                and (frames is None or frames.block(pend[j][0]) == frames.block(pend[i][0]))
-            ):
-                j += 1
+        for i, j in _copy_runs(pend, frames):
             cp = _Step(r, ("copy", -1, 0), (math.inf, 2, 0, i), "cpy", pend[i][1], pend[i][2],
                        j - i)  # fmt: skip
             cp.preds = {
                 last_write[(r, pend[m][0])] for m in range(i, j) if (r, pend[m][0]) in last_write
             }
             steps.append(cp)
-            i = j
 
     fed = _rank_preds(s, steps, steps_of)
     return _assign(s, steps, lay, scratch, max_threadblocks, fed, frames)
@@ -499,6 +488,19 @@ def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
         if off is None or loc.get(k) in (None, ("o", off)):
             continue
         pend.append((k, loc[k], ("o", off)))
+    for i, j in _copy_runs(pend, frames):
+        cp = _Step(0, ("copy", -1, 0), (math.inf, 2, 0, i), "cpy", pend[i][1], pend[i][2], j - i)
+        cp.preds = {last_write[pend[m][0]] for m in range(i, j) if pend[m][0] in last_write}
+        steps.append(cp)
+
+    fed = _rank_preds(s, steps, steps_of, [0])
+    one = _assign(s, steps, lay, [scratch], max_threadblocks, fed, frames, [0])
+    return moved.lowering(one, scratch)
+
+
+def _copy_runs(pend: list[tuple[int, Loc, Loc]], frames: Frames | None) -> Iterator[tuple[int, int]]:
+    """[i, j) runs of final copies that are one `cnt` step: consecutive slots on both sides, at
+    most MAX_COUNT, within one owner's block where the file is written as translates."""
     i = 0
     while i < len(pend):
         j = i + 1
@@ -507,17 +509,11 @@ def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
             and j - i < MAX_COUNT
             and pend[j][1] == (pend[i][1][0], pend[i][1][1] + j - i)
             and pend[j][2] == ("o", pend[i][2][1] + j - i)
-            and frames.block(pend[j][0]) == frames.block(pend[i][0])
+            and (frames is None or frames.block(pend[j][0]) == frames.block(pend[i][0]))
         ):
             j += 1
-        cp = _Step(0, ("copy", -1, 0), (math.inf, 2, 0, i), "cpy", pend[i][1], pend[i][2], j - i)
-        cp.preds = {last_write[pend[m][0]] for m in range(i, j) if pend[m][0] in last_write}
-        steps.append(cp)
+        yield i, j
         i = j
-
-    fed = _rank_preds(s, steps, steps_of, [0])
-    one = _assign(s, steps, lay, [scratch], max_threadblocks, fed, frames, [0])
-    return moved.lowering(one, scratch)
 
 
 class _Mover:
