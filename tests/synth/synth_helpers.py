@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ccltune.api.cluster import ClusterTopology
 from ccltune.topology.builder import build
 from ccltune.topology.spec import ClusterSpec, IntraNode, Network, Nics, Tier
@@ -21,3 +23,19 @@ def make_cluster(gpus: int, servers: int, fabric: str = "nvswitch", layout: str 
                        intra_node=intra, nics=Nics(per_server=gpus, rate_gbps=nic_gbps),
                        network=net)  # fmt: skip
     return detect(build(spec))
+
+
+def allgather_combination_inputs(topo: ClusterTopology) -> tuple[Any, ...]:
+    """What `combine.candidates` takes for AllGather on a symmetric preset, as the engine builds
+    it: (fabric, collective, sketches, patterns, dimensions)."""
+    from ccltune.api.common import Collective
+    from ccltune.synth import assemble as asm
+    from ccltune.synth import engine
+    from ccltune.synth.sketch import search
+
+    dims = topo.dimensions
+    assert dims is not None
+    sketches, _ = search(dims, relays=True)
+    coll = Collective.ALLGATHER
+    pats = asm.Patterns(engine._solve(dims, sketches, True, 1, coll, 1, 500))
+    return asm.Fabric(dims), coll, sketches, pats, dims

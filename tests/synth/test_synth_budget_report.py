@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from synth_helpers import allgather_combination_inputs
 from typer.testing import CliRunner
 
 from ccltune.cli import _register, app
@@ -38,19 +39,9 @@ def test_combination_balances_threadblocks_at_the_budget() -> None:
     """syccl-a800-16, 8 threadblocks (one per peer offset): leaf-first alone loads each NVSwitch
     peer's threadblock with 2 chunks per root and the leaf peer's with 1; 7:1 with
     NVSwitch-first puts 1.875 on every one. Links alone never ask for that mix."""
-    from ccltune.api.common import Collective
-    from ccltune.synth import assemble as asm
-    from ccltune.synth import engine
     from ccltune.synth.combine import candidates
-    from ccltune.synth.sketch import search
 
-    topo = load_preset("syccl-a800-16")
-    dims = topo.dimensions
-    assert dims is not None
-    sketches, _ = search(dims, relays=True)
-    coll = Collective.ALLGATHER
-    pats = asm.Patterns(engine._solve(dims, sketches, True, 1, coll, 1, 500))
-    fab = asm.Fabric(dims)
+    fab, coll, sketches, pats, dims = allgather_combination_inputs(load_preset("syccl-a800-16"))
     links_only = candidates(fab, coll, sketches, pats, [64 << 20], top_k=2)
     assert not any(c.label.startswith("mix") for c in links_only)
     at_budget = candidates(fab, coll, sketches, pats, [64 << 20], top_k=2, threadblocks=8,

@@ -4,13 +4,10 @@ at the SM-copy efficiency (0.8 of line rate), NICs at line rate."""
 from __future__ import annotations
 
 import pytest
+from synth_helpers import allgather_combination_inputs
 
-from ccltune.api.common import Collective
 from ccltune.model.cost.gpu import NVLINK_SM_EFFICIENCY
-from ccltune.synth import assemble as asm
-from ccltune.synth import engine
 from ccltune.synth.combine import candidates, port_payload_gbps
-from ccltune.synth.sketch import search
 from ccltune.topology.presets import load_preset
 
 GiB = 1 << 30
@@ -38,12 +35,7 @@ def test_rail_mix_balances_nvlink_at_copy_rate() -> None:
     NVSwitch-first) loads NVLink with 7 + 49 x 7/8 chunks (NIC 56 - 49 x 7/8 = 13.1, i.e.
     0.26 of 50 GB/s against 0.31 of 160: NVLink still binds)."""
     topo = load_preset("h800-rail-64")
-    dims = topo.dimensions
-    assert dims is not None
-    sketches, _ = search(dims, relays=True)
-    coll = Collective.ALLGATHER
-    pats = asm.Patterns(engine._solve(dims, sketches, True, 1, coll, 1, 500))
-    fab = asm.Fabric(dims)
+    fab, coll, sketches, pats, dims = allgather_combination_inputs(topo)
     ports = port_payload_gbps(topo, dims)
     got = {c.label: c for c in candidates(fab, coll, sketches, pats, [GiB], top_k=2,
                                           port_gbps=ports)}  # fmt: skip
