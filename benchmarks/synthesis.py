@@ -3,7 +3,10 @@
 Each row runs `ccltune synthesize` end to end as its own process (imports, synthesis, every MSCCL
 file written, each checked by model/schedule/check.py as the CLI does before writing) and reads:
 - wall time of the process, its CPU time (user + sys: on a loaded machine wall time grows, CPU
-  time much less) and its peak RSS (os.wait4's rusage of that process);
+  time much less, and it includes the side process `--workers 2` forks), its peak RSS
+  (os.wait4's rusage: the largest single process) and the peak PSS of the process and its
+  children together (sampled from /proc every 0.1 s; shared pages are split between the
+  processes that map them, so a forked side process is not counted twice);
 - from the same run (`--json`): the per-size results, so the quality columns are the files'
   own: worst % of the link bound and of the bound at the SM budget (model/cost/sm_bound.py) at
   >= 64 MiB, on >= 64 GPUs the worst time over NCCL's at <= 256 KiB, worst and largest-size
@@ -84,10 +87,14 @@ def run_row(cluster: str, coll: str, sizes: str, timeout: float, cap_gb: float,
                                 preexec_fn=limit)  # fmt: skip
         status, usage, timed_out = 0, None, False
         deadline = t0 + timeout
+        pss_mb, sampled = 0.0, 0.0
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
+            if time.perf_counter() - sampled >= 0.1:
+                sampled = time.perf_counter()
+                pss_mb = max(pss_mb, _tree_pss_mb(proc.pid))
             if time.perf_counter() > deadline:
                 proc.kill()
                 _, status, usage = os.wait4(proc.pid, 0)
@@ -100,13 +107,29 @@ def run_row(cluster: str, coll: str, sizes: str, timeout: float, cap_gb: float,
         files = sorted(out.glob("*.xml")) if out.is_dir() else []
         row: dict[str, Any] = {
             "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "rss_mb": usage.ru_maxrss / 1024, "rc": proc.returncode, "timed_out": timed_out,
+            "rss_mb": usage.ru_maxrss / 1024, "pss_mb": pss_mb, "rc": proc.returncode, "timed_out": timed_out,
             "files": len(files), "xml_mb": sum(f.stat().st_size for f in files) / 1e6,
             "error": err.strip().splitlines()[-1] if err.strip() and proc.returncode else "",
         }  # fmt: skip
         if summary.is_file():
             row["summary"] = json.loads(summary.read_text())
         return row
+
+
+def _tree_pss_mb(pid: int) -> float:
+    """Proportional set size of `pid` and its descendants now, MB (0 for a process gone)."""
+    kb, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/smaps_rollup", encoding="ascii") as f:
+                kb += next(int(ln.split()[1]) for ln in f if ln.startswith("Pss:"))
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, StopIteration):
+            continue
+    return kb / 1024
 
 
 def _quality(summary: dict[str, object]) -> dict[str, str]:
@@ -182,13 +205,14 @@ def main() -> None:
     print(f"load average at start {os.getloadavg()[0]:.1f}; sizes {args.sizes}; cap "
           f"{args.mem_cap_gb:g} GB, timeout {args.timeout:g} s per row")  # fmt: skip
     print()
-    print("| cluster | GPUs | collective | wall s | CPU s | peak RSS MB | synthesis s (self) | "
+    print("| cluster | GPUs | collective | wall s | CPU s | peak RSS MB (largest process) | "
+          "peak PSS MB (all processes) | synthesis s (self) | "
           "files (MB) | worst % of link bound >= 64M | worst % of budget bound >= 64M | "
           "quality target | "
           "worst time / NCCL's <= 256K (>= 64 GPUs) | worst vs NCCL on the same channels "
           ">= 64M | worst vs NCCL | vs NCCL at max | "
           "SM budget / TBs used | budget out | wall target |")  # fmt: skip
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|")
     for cluster, coll, gpus, target in rows or ROWS:
         r = run_row(cluster, coll, args.sizes, args.timeout, args.mem_cap_gb, extra)
         name = Path(cluster).name if "/" in cluster else cluster
@@ -204,7 +228,7 @@ def main() -> None:
         if args.max_threadblocks is not None and isinstance(summ, dict):
             q["same"] = _vs_nccl_at(cluster, summ, args.max_threadblocks)
         print(f"| {name} | {gpus or '?'} | {coll} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
-              f"{r['rss_mb']:.0f} | {q.get('synth', '-')} | {r['files']} ({r['xml_mb']:.1f}) | "
+              f"{r['rss_mb']:.0f} | {r['pss_mb']:.0f} | {q.get('synth', '-')} | {r['files']} ({r['xml_mb']:.1f}) | "
               f"{q.get('pct', '-')} | {q.get('budget', '-')} | {q.get('goal', '-')} | "
               f"{q.get('small', '-')} | "
               f"{q.get('same', '-')} | "

@@ -10,12 +10,17 @@ from typer.testing import CliRunner
 from ccltune.api.common import Collective, Source
 from ccltune.cli import _register, app
 from ccltune.synth.engine import synthesize
-from ccltune.topology.presets import load_preset
+from ccltune.topology.load import load_text
+
+PRESETS = Path(__file__).resolve().parents[2] / "operator/ccltune/topology/presets"
 
 
 def test_asymmetric_topology_falls_back_to_nccl(tmp_path: Path) -> None:
-    topo = load_preset("v100-cubemesh-4")
-    assert topo.dimensions is None
+    # Two cube-mesh servers: no symmetric dimension, and more than the one server
+    # synth/mesh.py synthesizes on (tests/synth/test_synth_mesh.py covers one server).
+    spec = PRESETS.joinpath("v100-cubemesh-4.yaml").read_text().replace("servers: 1", "servers: 2")
+    topo = load_text(spec, "two-cubemesh.yaml")
+    assert topo.dimensions is None and topo.world_size == 8
     res = synthesize(topo, Collective.ALLREDUCE, [1024, 1 << 20], out_dir=tmp_path)
     assert not res.symmetric
     assert all(r.kind == "nccl" for r in res.ranges)

@@ -21,18 +21,18 @@ from ccltune.model.formats.msccl.stream import render_lowering
 from ccltune.model.formats.msccl.writer import lower_msccl
 from ccltune.model.sim.routing import Router
 from ccltune.model.sim.simulate import simulate
-from ccltune.synth import engine
+from ccltune.synth import engine, side
 from ccltune.topology.presets import load_preset
 
 
 def test_one_lowering_per_schedule_however_many_files(tmp_path: Path, monkeypatch) -> None:
     """Ranges of one schedule (one per protocol) render from one lowering: lowering is the
     writer's costly part and does not depend on the protocol or the range."""
-    calls: list[str] = []
+    calls: list[tuple[str, str]] = []
     real = engine.lower_msccl
 
     def counted(sched, **kw):  # type: ignore[no-untyped-def]
-        calls.append(sched.name)
+        calls.append((sched.name, kw.get("pairing", "forwarding")))
         return real(sched, **kw)
 
     monkeypatch.setattr(engine, "lower_msccl", counted)
@@ -41,7 +41,8 @@ def test_one_lowering_per_schedule_however_many_files(tmp_path: Path, monkeypatc
                             out_dir=tmp_path, max_threadblocks=16)  # fmt: skip
     files = [r for r in res.ranges if r.xml_file]
     assert files, "nothing was written: the test proves nothing"
-    # Every lowering is of a distinct schedule (screening's), none repeated for a file.
+    # Every lowering is of a distinct schedule and pairing (screening's), none repeated for a
+    # file.
     assert len(calls) == len(set(calls))
     for r in files:
         assert Path(r.xml_file or "").read_text().startswith("<algo")
@@ -50,7 +51,7 @@ def test_one_lowering_per_schedule_however_many_files(tmp_path: Path, monkeypatc
 
 def test_bound_routes_are_computed_once_per_protocol_not_per_size(monkeypatch) -> None:
     topo = load_preset("h800-rail-64")
-    engine._bound(Collective.ALLGATHER, 1 << 10, topo)  # warm: one route search per rank
+    side.bound_us(Collective.ALLGATHER, 1 << 10, topo)  # warm: one route search per rank
     searches = 0
     real = bounds._Graph.distances
 
@@ -61,7 +62,7 @@ def test_bound_routes_are_computed_once_per_protocol_not_per_size(monkeypatch) -
 
     monkeypatch.setattr(bounds._Graph, "distances", counted)
     for k in range(11, 31):
-        engine._bound(Collective.ALLGATHER, 1 << k, topo)
+        side.bound_us(Collective.ALLGATHER, 1 << k, topo)
     # Only the few cut sets search again: 20 sizes x 3 protocols, far below 64 ranks x 2 each.
     assert searches < 20 * 3 * topo.world_size
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ccltune.synth.group import GroupTopo
 from ccltune.synth.milp import SubDemand
 from ccltune.synth.shard import (
@@ -40,6 +42,19 @@ def test_indexed_job_round_trip_matches_in_process() -> None:
 
 
 def test_process_pool() -> None:
+    assert set(solve_all(_demands(), workers=2, node_limit=200, pool_min_weight=0)) == set(
+        solve_all(_demands(), workers=1, node_limit=200)
+    )
+
+
+def test_light_milps_stay_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forking costs more than MILPs this light save: no pool, the same result."""
+    import ccltune.synth.shard as shard
+
+    def no_pool(*_a: object, **_k: object) -> None:
+        raise AssertionError("a process pool was started")
+
+    monkeypatch.setattr(shard, "ProcessPoolExecutor", no_pool)
     assert set(solve_all(_demands(), workers=2, node_limit=200)) == set(
         solve_all(_demands(), workers=1, node_limit=200)
     )

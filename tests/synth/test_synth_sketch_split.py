@@ -180,6 +180,11 @@ def test_bundled_allgather_merges_roots_into_fewer_steps() -> None:
     # The rail stage: each GPU sends its node's 8 chunks to 3 peers, one transfer each.
     rail = bundled.count[(bundled.src // 8) != (bundled.dst // 8)]
     assert len(rail) == 32 * 3 and set(rail.tolist()) == {8}
-    assert len(_offsets(fab, bundled)) == peers(sk.stages, dims)
+    # Sub-spreads act on aligned blocks: offsets differ per GPU, their number does not.
+    aligned = asm.AlignedFabric(dims, sk.split(dims))
+    assert len(_offsets(asm.Fabric(dims), bundled)) > peers(sk.stages, dims)
+    assert len(set(zip(bundled.src.tolist(), Translations(aligned.refined).sub(
+        bundled.dst.astype(np.int64), bundled.src.astype(np.int64)).tolist(),
+        strict=True))) == 32 * peers(sk.stages, dims)
     capped = asm.allgather_bundled(fab, [asm.Column(sk, 1)], pats, 1, "t", max_count=4)
     assert int(capped.count.max()) == 4 and int(capped.count.sum()) == 32 * 31

@@ -28,6 +28,9 @@ from .sketch import Sketch, Stage
 MAX_CHANNELS = 8
 FIFO_SLOTS = 1
 REDUCE_WINDOW = 1
+# Split sketches bundled per AllGather (bundled_picks): each costs a 512-rank lowering and a
+# full read-back per file timed (docs/synthesis-scale.md, "Bundled AllGather on 512 GPUs").
+BUNDLE_SHORTLIST = 1
 
 
 def stage_demand(dims: list[Dimension], stage: Stage, symmetric: bool, pieces: int) -> SubDemand:
@@ -250,6 +253,86 @@ def split_columns(columns: list[Column]) -> bool:
     return any(st.span for c in columns for st in c.sketch.stages)
 
 
+class AlignedFabric(Fabric):
+    """`fab` with each dimension cut into the digits of its split (`spans`, stage order: the
+    first the least significant): a shift adds digit-wise without carry, so a sub-spread stays
+    inside an aligned block of consecutive positions (64 -> 4 x 4 x 4: GPU 5 sends to 4, 6, 7,
+    not to 6, 7, 8). A switch is symmetric under any permutation of its positions, so links
+    and loads are the same as the cyclic split's; what changes is that the chunks a GPU holds
+    after each stage are consecutive on every GPU alike, and the schedule is invariant under
+    the translations of the refined fabric (`refined`), which the symmetric simulator uses."""
+
+    def __init__(self, dims: list[Dimension], spans: Sequence[Sequence[int]]) -> None:
+        super().__init__(dims)
+        if [int(np.prod(sp)) for sp in spans] != self.sizes:
+            raise ValueError(f"spans {spans} do not split dimensions of sizes {self.sizes}")
+        self.spans = [tuple(sp) for sp in spans]
+        self.refined = [a for sp in self.spans for a in sp]
+
+    def shifted(self, rank: int, d: int, delta: int) -> int:
+        p, q, unit = self.coord(rank, d), 0, 1
+        for a in self.spans[d]:
+            q += (p // unit % a + delta // unit % a) % a * unit
+            unit *= a
+        return rank + (q - p) * self.strides[d]
+
+
+def _aligned(fab: Fabric, columns: list[Column]) -> Fabric:
+    """The aligned fabric of the columns' common split (the fabric itself when they differ)."""
+    splits = {c.sketch.split(fab.dims) for c in columns}
+    if len(splits) != 1 or any(st.kind == "relay" for c in columns for st in c.sketch.stages):
+        return fab
+    return AlignedFabric(fab.dims, next(iter(splits)))
+
+
+def bundled_steps(dims: list[Dimension], sketch: Sketch, max_count: int = 64) -> int | None:
+    """Steps of the busiest send stream of `sketch`'s bundled AllGather (one chunk per root),
+    from the digits alone: before a stage a GPU holds every chunk of the ranks that differ
+    from it in the digits spread so far, in runs of consecutive ranks as long as the product
+    of the spread digits below the first one not spread, each peer getting every run (split
+    at `max_count`). None: a relay (bundling keeps to splits, which have none)."""
+    spans = sketch.split(dims)
+    order = [(d, k) for d, sp in enumerate(spans) for k in range(len(sp))]  # rank order
+    seen = [0] * len(dims)
+    held: set[tuple[int, int]] = set()
+    worst = 0
+    for st in sketch.stages:
+        if st.kind == "relay":
+            return None
+        h = int(np.prod([spans[d][k] for d, k in held], dtype=np.int64))
+        run = 1
+        for d, k in order:
+            if (d, k) not in held:
+                break
+            run *= spans[d][k]
+        worst = max(worst, h // run * -(-run // max_count))
+        held.add((st.dim, seen[st.dim]))
+        seen[st.dim] += 1
+    return worst
+
+
+def bundled_picks(dims: list[Dimension], sketches: Sequence[Sketch], tb_gbps: float | None,
+                  port_gbps: Sequence[float], keep: int, max_steps: int) -> list[Sketch]:
+    """The split sketches worth bundling, fewest estimated seconds first, at most `keep`: those
+    whose busiest send stream stays within `max_steps` (`bundled_steps`). The estimate runs
+    the stages one after another (one chunk per root does not pipeline): each takes the longer
+    of a threadblock moving the held chunks to one peer and the GPU's port moving them to
+    every peer of the stage (no threadblock rate known: the port alone). It only orders the
+    shortlist; the simulator chooses."""
+    scored = []
+    for sk in sketches:
+        steps = bundled_steps(dims, sk)
+        if steps is None or steps > max_steps or not any(st.span for st in sk.stages):
+            continue
+        held, est = 1, 0.0
+        for st in sk.stages:
+            peers = (st.span or dims[st.dim].size) - 1
+            est += max(held / (tb_gbps or np.inf), peers * held / port_gbps[st.dim])
+            held *= peers + 1
+        scored.append((est, sk.label(dims), sk))
+    return [sk for _, _, sk in sorted(scored, key=lambda x: x[:2])[:keep]]
+
+
 def allgather_bundled(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: int,
                       name: str, max_count: int = 64) -> ScheduleArrays:  # fmt: skip
     """AllGather whose transfers carry several roots' chunks: every root's broadcast (root 0's
@@ -259,14 +342,20 @@ def allgather_bundled(fab: Fabric, columns: list[Column], patterns: Patterns, pi
     Why: one step per chunk and root is 511 receives and 511 sends per GPU on 512 GPUs, more
     than 16 threadblocks of the executor's 64 steps hold. After an NVSwitch-first stage a GPU
     forwards its node's 8 chunks, consecutive slots, as one step; after rail parts 32 and 128.
+    Sub-spreads act on aligned blocks (`AlignedFabric`): with the cyclic split a GPU near the
+    end of a dimension holds chunks that wrap around and cannot merge (GPU 7 of an NVSwitch cut
+    2 x 4 held 7 and 0), so its steps doubled past the limit while others' did not.
     Deps: the union of the merged transfers' (a merged transfer waits for all its chunks), and
-    each connection's transfers in (stage, hop, chunk) order, one in flight (NCCL's FIFO).
-    Both orders only go from a smaller (stage, hop, chunk) to a larger: no cycle. The result
-    is not one root's translate, so the simulator runs it in full (fewer, larger transfers)."""
+    each connection's transfers in (stage, hop, chunks) order, one in flight (NCCL's FIFO).
+    Both orders only go from a smaller (stage, hop) to a larger or stay within one (stage, hop),
+    where no run waits for another's data: no cycle. The result
+    is not one root's translate but is invariant under the refined fabric's translations
+    (tested), which the symmetric simulator finds on its own."""
     b = Builder()
     blocks = _split(columns, pieces)
     cpr = len(blocks) * pieces
     trees = [Tree(sk, range(off, off + k)) for sk, off, k in blocks]
+    fab = _aligned(fab, columns)
     broadcast_trees(fab, trees, patterns, 0, b, symmetric=True, stream=False)
     t, n = len(b), fab.nranks
     stage = np.asarray(b.stage, dtype=np.int64)
@@ -275,7 +364,7 @@ def allgather_bundled(fab: Fabric, columns: list[Column], patterns: Patterns, pi
         same = [hop[d] + 1 for d in deps if stage[d] == stage[i]]
         hop[i] = max(same, default=0)
     key0 = stage * (int(hop.max()) + 1) + hop
-    grp = Translations(fab.sizes)
+    grp = Translations(fab.refined if isinstance(fab, AlignedFabric) else fab.sizes)
     roots = np.arange(n, dtype=np.int64)[:, None]
     src = grp.add(roots, np.asarray(b.src, dtype=np.int64)[None, :]).ravel()
     dst = grp.add(roots, np.asarray(b.dst, dtype=np.int64)[None, :]).ravel()
@@ -306,9 +395,14 @@ def allgather_bundled(fab: Fabric, columns: list[Column], patterns: Patterns, pi
     owner = (roots * t + owner0[None, :]).ravel()
     dep = (roots * t + idx0[None, :]).ravel()
     edges = [new_of[owner] * runs + new_of[dep]]
-    same_conn = (m_src[1:] == m_src[:-1]) & (m_dst[1:] == m_dst[:-1])
+    # FIFO: the previous run on the connection, runs of one (stage, hop) ordered by their
+    # chunks as the sender sees them (least owner relative to it), so every translate queues
+    # alike (by absolute chunk ids the order would depend on where the sender sits).
+    rel = np.minimum.reduceat(grp.sub(c_ // cpr, s_) * cpr + c_ % cpr, heads)
+    fifo = np.lexsort((rel, k_[heads], m_dst, m_src))
+    same_conn = (m_src[fifo][1:] == m_src[fifo][:-1]) & (m_dst[fifo][1:] == m_dst[fifo][:-1])
     q = np.flatnonzero(same_conn) + 1
-    edges.append(q * runs + (q - 1))  # FIFO: the previous run on the connection
+    edges.append(fifo[q] * runs + fifo[q - 1])
     e = sorted_unique(np.concatenate(edges))
     e = e[e // runs != e % runs]
     ptr = np.zeros(runs + 1, dtype=np.int64)

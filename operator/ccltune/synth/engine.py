@@ -7,8 +7,8 @@
 3. fine step: the top K's sub-demands solved again with more pieces (shorter epochs);
 4. evaluation: candidate schedules assembled (assemble.py) and simulated at every size with
    every protocol; at every 4th size (and next to one NCCL won) the engine's best two are
-   timed as the files they would be (lowered, read back and simulated:
-   model/evaluate.published_estimate), and the faster file or NCCL's default choice (simulated
+   timed as the files they would be (lowered with each of the writer's threadblock pairings,
+   read back and simulated: model/evaluate.published_estimate), and the faster file or NCCL's default choice (simulated
    with the same simulator) wins; equal neighbours merge into size ranges;
 5. output: one MSCCL XML per synthesized range, checked by model.check before it is written.
 
@@ -35,11 +35,9 @@ import numpy as np
 from ..api.cluster import ClusterTopology, Dimension
 from ..api.common import Collective, Source, format_size
 from ..api.plan import Estimate
-from ..model.cost.bounds import lower_bound
 from ..model.cost.busbw import algbw_gbps, busbw_gbps
 from ..model.cost.gpu import gpu_physics
 from ..model.cost.protocols import protocol_cost
-from ..model.evaluate import published_estimate
 from ..model.formats.msccl.limits import MAX_CHANNELS, MAX_COUNT, MAX_STEPS, first_selected
 from ..model.formats.msccl.slicing import iterations_to_simulate, slicing
 from ..model.formats.msccl.stream import render_lowering, write_lowering
@@ -48,7 +46,8 @@ from ..model.nccl.default import default_estimate, nccl_default, nccl_graph
 from ..model.schedule.ir import ScheduleArrays
 from ..model.sim.routing import Router
 from ..model.sim.simulate import simulate
-from . import DEFAULT_WORK_BUDGET
+from . import DEFAULT_WORK_BUDGET, mesh, side
+from . import alltoall as a2a
 from . import assemble as asm
 from .combine import Candidate, candidates, port_payload_gbps
 from .milp import SubSchedule
@@ -139,10 +138,12 @@ class _Work:
         self.budget = budget
         self.spent = 0
         self.deadline_s = deadline_s
+        self.on_deadline: Callable[[], None] = lambda: None
 
     def spend(self, units: int) -> None:
         self.spent += units
         if self.deadline_s is not None and time.perf_counter() - self.start > self.deadline_s:
+            self.on_deadline()
             raise SynthesisDeadline(f"synthesis ran past its time budget of {self.deadline_s:g} s "
                                     f"({self.spent:,} work units spent)")  # fmt: skip
 
@@ -196,11 +197,46 @@ def synthesize(
         for s in sizes:
             d = default_estimate(coll, s, topo, router=router)
             result.sizes.append(_nccl_size(coll, s, topo, d, f"asymmetric topology: {why}"))
-        result.ranges = _ranges(result.sizes, {}, coll, topo, out_dir, result)
+        meshed: dict[str, MscclLowering] = {}
+        at = len(result.notes) - 1
+        if _mesh_sizes(result, topo, coll, router, milp_nodes[1], meshed):
+            result.notes[at] = (f"no symmetric dimensions ({why}): synthesized on the server's "
+                                "GPU mesh alone (synth/mesh.py); NCCL's default where faster")  # fmt: skip
+        result.ranges = _ranges(result.sizes, result.schedules, coll, topo, out_dir, result,
+                                meshed)  # fmt: skip
+        result.timings["total_s"] = time.perf_counter() - clock.start
         return result
 
     dims = topo.dimensions
     fab = asm.Fabric(dims)
+    # NCCL's reference per size starts now, in its own process when workers allow.
+    refs = side.References(coll, topo, router, [sizes[i] for i in _evaluation_order(len(sizes))[1]],
+                           workers if evaluate else 1)  # fmt: skip
+    clock.on_deadline = refs.close
+    # AlltoAll: sizes where NCCL's p2p is at the bound are not searched (synth/alltoall.py).
+    # Known before the search in one process; with a reference process, after assembly (the
+    # references run beside it), which then only spares the evaluation.
+    known: dict[int, side.Reference] = {}
+    closed: dict[int, float] = {}
+
+    def all_closed() -> bool:
+        known.update({s: refs.at(s) for s in sizes})
+        closed.update(a2a.at_bound(topo, sizes, result.max_threadblocks,
+                                   {s: d for s, (d, _) in known.items()}))  # fmt: skip
+        if len(closed) < len(sizes):
+            return False
+        refs.close()
+        result.notes.append("NCCL's default is at the lower bound at every size, counting the "
+                            "kernel launch the bound column leaves out: nothing to synthesize")  # fmt: skip
+        result.sizes = [_pick(coll, s, topo, d, None, b, a2a.closed_reason(d.time_us, closed[s]))
+                        for s, (d, b) in known.items()]  # fmt: skip
+        result.ranges = _ranges(result.sizes, {}, coll, topo, out_dir, result)
+        result.timings["total_s"] = time.perf_counter() - clock.start
+        return True
+
+    early = coll == Collective.ALLTOALL and evaluate and workers <= 1
+    if early and all_closed():
+        return result
     # One threadblock per peer at least: sketches with more peers than the budget cannot run.
     sketches, stats = search(dims, relays=True, max_peers=result.max_threadblocks)
     result.stats = stats
@@ -245,6 +281,18 @@ def synthesize(
     dropped: list[str] = []
     least = 0  # threadblocks per GPU the leanest variant needs
     deals_of: dict[str, list[ScheduleArrays]] = {}  # channel deals that may fit, best first
+
+    def add_variant(label: str, built: ScheduleArrays) -> None:
+        nonlocal least
+        clock.spend(len(built))
+        deals, why, need = _deals(fab, built, budget)
+        least = min(least or need, need)
+        if not deals:
+            dropped.append(f"{label}: {why}")
+            return
+        deals_of[label] = deals
+        variants.append((label, deals[0]))
+
     for cand in cands:
         nblocks = sum(c.blocks for c in cand.columns)
         if nblocks & (nblocks - 1):
@@ -265,21 +313,29 @@ def synthesize(
             label = f"{cand.label}/p{pieces}x{depth}"
             deep = Candidate(cand.label, [asm.Column(c.sketch, c.blocks * depth)
                                           for c in cand.columns], 0.0, 0.0)  # fmt: skip
-            built = _build(fab, coll, deep, patterns, pieces, root, label)
-            clock.spend(len(built))
-            deals, why, need = _deals(fab, built, budget)
-            least = min(least or need, need)
-            if not deals:
-                dropped.append(f"{label}: {why}")
-                continue
-            deals_of[label] = deals
-            variants.append((label, deals[0]))
+            add_variant(label, _build(fab, coll, deep, patterns, pieces, root, label))
+    if coll == Collective.ALLGATHER and stats.split and not variants:
+        # Nothing fits the step limit (h800-rail-512): split AllGathers bundled, several roots'
+        # chunks per transfer (docs/synthesis.md, "Bundled AllGather on aligned splits").
+        for sk in asm.bundled_picks(dims, sketches, phys.tb("Simple") if phys else None,
+                                    port_payload_gbps(topo, dims), asm.BUNDLE_SHORTLIST,
+                                    MAX_STEPS // 2):  # fmt: skip
+            if clock.out():
+                break
+            label = f"{sk.label(dims)}/bundled"
+            add_variant(label, asm.allgather_bundled(fab, [asm.Column(sk, 1)], patterns, 1,
+                                                     _schedule_name(coll, label)))  # fmt: skip
     result.timings["assemble_s"] = time.perf_counter() - t2
     arr_of = dict(variants)
     result.schedules = arr_of
     if not evaluate:
         result.work = clock.spent
+        refs.close()
         return result
+    if coll == Collective.ALLTOALL and not early and all_closed():
+        result.work = clock.spent
+        return result
+    live = [s for s in sizes if s not in closed]
     verdict: dict[str, bool] = {}
     # The lowering that passed, per label: every range's file of that schedule renders from it
     # (lowering is the writer's costly part, and it does not depend on the protocol or range).
@@ -305,6 +361,27 @@ def synthesize(
                 dropped.append(f"{label}: {why}")
         return verdict[label]
 
+    paired: dict[str, list[str]] = {}
+
+    def pairings(label: str) -> list[str]:
+        """The label and, where the writer's "balanced" pairing shares threadblocks otherwise
+        and fits, that file's label (lowered once): which pairing's file is faster depends on
+        the schedule, so both are timed."""
+        if label not in paired:
+            paired[label] = [label]
+            if label in lowered:
+                try:
+                    alt = lower_msccl(arr_of[label].to_schedule(), max_threadblocks=budget,
+                                      pairing="balanced")  # fmt: skip
+                    alt.require(max_threadblocks=budget)
+                except MscclFormatError:
+                    return paired[label]
+                if alt.tb_meta != lowered[label].tb_meta:
+                    twin = f"{label} [balanced]"
+                    arr_of[twin], lowered[twin], sel_from[twin] = arr_of[label], alt, sel_from[label]
+                    paired[label].append(twin)
+        return paired[label]
+
     if not variants and least > budget:
         result.notes.append(
             f"no synthesized schedule fits {budget} threadblocks per GPU (NCCL's own channel "
@@ -322,41 +399,49 @@ def synthesize(
     g = nccl_graph(topo)
 
     simulated: dict[tuple[int, int, str], float] = {}  # screening's runs are not repeated
+    charged: set[tuple[int, int, str]] = set()
 
-    def run(arr: ScheduleArrays, size: int, proto: str) -> float:
+    def run(arr: ScheduleArrays, size: int, proto: str, charge: bool = True) -> float:
+        """`charge=False`: a look ahead; its work is counted when the loop first uses it, so
+        the budget cuts evaluation where it would without looking ahead."""
         key = (id(arr), size, proto)
-        if key not in simulated:
+        if charge and key not in charged:
+            charged.add(key)
             clock.spend(len(arr))
+        if key not in simulated:
             cost = protocol_cost(proto, link_kind=g.intra_kind, gpu=gpu_physics(topo.gpu_model))
             simulated[key] = simulate(arr, topo, size, cost, router, engine="symmetric").time_us
         return simulated[key]
 
     files: dict[tuple[str, str], str] = {}
+    apart: side.FilesApart | None = None  # files timed in a second process (workers > 1)
 
     def file_us(label: str, proto: str, size: int) -> float:
         """The variant's file with `proto`, read back and simulated as published (inf: the
         executor would deadlock on it)."""
-        if (label, proto) not in files:
-            low = lowered.get(label) or lower_msccl(arr_of[label].to_schedule(),
-                                                    max_threadblocks=budget)  # fmt: skip
-            files[(label, proto)] = render_lowering(low, name=label, proto=proto,
-                                                    nchannels=arr_of[label].channels)  # fmt: skip
         clock.spend(_file_work(coll, arr_of[label], proto, size))
-        try:
-            return published_estimate(coll, size, topo, files[(label, proto)],
-                                      router=router).time_us  # fmt: skip
-        except MscclFormatError as exc:
-            dropped.append(f"{label}/{proto}: {exc}")
+        if apart is not None and apart.handles(label, proto):
+            got = apart.time(label, proto, size)
+        else:
+            if (label, proto) not in files:
+                low = lowered.get(label) or lower_msccl(arr_of[label].to_schedule(),
+                                                        max_threadblocks=budget)  # fmt: skip
+                files[(label, proto)] = render_lowering(low, name=label, proto=proto,
+                                                        nchannels=arr_of[label].channels)  # fmt: skip
+            got = side.file_time(coll, size, topo, router, files[(label, proto)])
+        if isinstance(got, str):
+            dropped.append(f"{label}/{proto}: {got}")
             return math.inf
+        return got
 
     keep: list[str] = []
     if len(variants) > 2:
         # Screen at the ends and near 64 MiB (where the pipeline depth matters most), keeping
         # the best at the smallest size and the best two at each of the others.
-        mid = min(sizes, key=lambda x: abs(math.log2(x) - 26))
-        points = ((sizes[0], 1), (mid, 2), (sizes[-1], 2))
+        mid = min(live, key=lambda x: abs(math.log2(x) - 26))
+        points = ((live[0], 1), (mid, 2), (live[-1], 2))
         # Variant-major, so each variant's symmetric structure is computed once (cached).
-        times = [[run(arr, at, _protocols(at)[0 if at == sizes[0] else -1]) for at, _ in points]
+        times = [[run(arr, at, _protocols(at)[0 if at == live[0] else -1]) for at, _ in points]
                  for _, arr in variants]  # fmt: skip
         # Only variants that make the cut are lowered exactly; one that does not fit gives its
         # place to the next in line.
@@ -372,10 +457,31 @@ def synthesize(
     # Grid sizes (every GRID-th and the last) try every finalist; a size between two grid points
     # tries only the variants that won at either neighbour (a schedule's time is piecewise
     # linear in size, so a variant losing at both ends rarely wins in between).
-    grid = sorted({*range(0, len(sizes), GRID), len(sizes) - 1})
+    grid, order = _evaluation_order(len(sizes))
+    if workers > 1 and finalists:
+        # The files each grid size would time, looked ahead from the engine's times (which do
+        # not depend on earlier sizes): a second process reads and times part of them.
+        ahead: list[tuple[str, str, int]] = []
+        for i in grid:
+            s = sizes[i]
+            if s in closed:
+                continue
+            # the finalists the executor selects here (the loop's `runs_at`)
+            here = [(run(arr, s, pr, charge=False), lb, pr) for lb, arr in finalists
+                    if sel_from.get(lb) is not None and (sel_from.get(lb) or 0) <= s
+                    for pr in _protocols(s)]  # fmt: skip
+            ahead += [(twin, pr, s) for t, lb, pr in sorted(here)[:FILE_FINALISTS]
+                      if s not in known or a2a.worth_timing(t, known[s][0].time_us)
+                      for twin in pairings(lb)]  # fmt: skip
+        apart = files_apart = side.FilesApart(coll, topo, router, lowered, arr_of, ahead)
+
+        def stop_both() -> None:
+            refs.close()
+            files_apart.close()
+
+        clock.on_deadline = stop_both
     winners: dict[int, str] = {}
     picks: dict[int, SizeResult] = {}
-    order = grid + [i for i in range(len(sizes)) if i not in grid]
     skipped: list[int] = []
     for n_done, i in enumerate(order):
         s = sizes[i]
@@ -385,9 +491,12 @@ def synthesize(
             continue
         clock.spend(0)  # the deadline, if any
         tr = time.perf_counter()
-        default = default_estimate(coll, s, topo, router=router, with_bound=False)
-        bound = _bound(coll, s, topo)
-        ref_s += time.perf_counter() - tr
+        default, bound = known.get(s) or refs.at(s)
+        ref_s += time.perf_counter() - tr  # with a reference process: the time waited for it
+        if s in closed:
+            picks[i] = _pick(coll, s, topo, default, None, bound,
+                             a2a.closed_reason(default.time_us, closed[s]))  # fmt: skip
+            continue
         if i in grid:
             tried = finalists
         else:
@@ -414,29 +523,53 @@ def synthesize(
         # threadblocks run their steps in order, once per slice, which the engine's schedule
         # does not charge. A file adds waits to its schedule, never removes one, so a candidate
         # whose schedule is already slower than the best file so far is not timed. Between
-        # grid points where files won at both ends the engine's pick among the grid winners
-        # stands; where NCCL won at one end its file is timed too (a 64-rank file costs ~15 s
+        # grid points where one file won at both ends the engine's pick stands; where two
+        # files won, both are timed; where NCCL won at one end its file is timed too (a 64-rank file costs ~15 s
         # per size to time; the plan times every row it publishes as a file).
         best: tuple[float, str, str] | None = None
         edge = i in grid or any(picks[j].chosen.startswith("nccl:") for j in (lo, hi))
         if not edge:
             best = min(engine_times, default=None)
+            won = {(picks[j].chosen, picks[j].protocol) for j in (lo, hi)}
+            if len(won) > 1:
+                # Different files won at the two ends: the engine's times would rank them by
+                # schedule, not file (a pairing's file can be 10% off its schedule), so both
+                # files are timed here.
+                best = None
+                for lb, pr in sorted(won):
+                    f = file_us(lb, pr, s)
+                    if not math.isinf(f) and (best is None or f < best[0]):
+                        best = (f, lb, pr)
+            elif best is not None:  # the pairing whose file won at both ends
+                (lb, _), = won
+                if lb in paired.get(best[1], [])[1:]:
+                    best = (best[0], lb, best[2])
         timed_here = FILE_FINALISTS if i in grid else 1
+        slower = ""  # AlltoAll: the engine's best already loses to NCCL, so no file is timed
         for t, name, pr in sorted(engine_times)[:timed_here] if edge else ():
             if best is not None and t >= best[0]:
                 break
-            f = file_us(name, pr, s)
-            if not math.isinf(f) and (best is None or f < best[0]):
-                best = (f, name, pr)
+            if coll == Collective.ALLTOALL and not a2a.worth_timing(t, default.time_us):
+                slower = slower or a2a.slower_reason(name, pr, t / default.time_us)
+                break
+            for lb in pairings(name):
+                f = file_us(lb, pr, s)
+                if not math.isinf(f) and (best is None or f < best[0]):
+                    best = (f, lb, pr)
+        if apart is not None:
+            apart.done_with(s)
         if best is not None:
-            winners[i] = best[1]
+            winners[i] = best[1].removesuffix(" [balanced]")
         say(f"evaluated {format_size(s)}", 0.5 + 0.45 * (n_done + 1) / len(sizes))
         none = ("no synthesized schedule fits msccl-executor-nccl within the SM budget (see the "
                 "notes)" if not finalists else
                 "no synthesized candidate was evaluated (budget)" if tried else
                 "no synthesized schedule is selected by msccl-executor-nccl at this size (its "
                 "chunks per rank do not divide it)")  # fmt: skip
-        picks[i] = _pick(coll, s, topo, default, best, bound, none)
+        picks[i] = _pick(coll, s, topo, default, best, bound, slower or none)
+    refs.close()
+    if apart is not None:
+        apart.close()
     result.sizes = [picks[i] for i in range(len(sizes)) if i in picks]
     dropped = list(dict.fromkeys(dropped))  # a file is tried at several sizes: say it once
     if dropped:
@@ -458,6 +591,7 @@ def synthesize(
             f"work budget of {work_budget:,} transfers simulated exhausted: the best schedules "
             "found so far are used (fewer variants or protocols were evaluated at some sizes)"
         )
+    _mesh_sizes(result, topo, coll, router, milp_nodes[1], lowered)
     t4 = time.perf_counter()
     result.ranges = _ranges(result.sizes, result.schedules, coll, topo, out_dir, result,
                             lowered)  # fmt: skip
@@ -466,6 +600,40 @@ def synthesize(
     result.work = clock.spent
     say("done", 1.0)
     return result
+
+
+def _evaluation_order(n: int) -> tuple[list[int], list[int]]:
+    """Grid sizes' indices (every GRID-th and the last), and every index in evaluation order:
+    the grid first, since a size between grid points is evaluated from its neighbours."""
+    grid = sorted({*range(0, n, GRID), n - 1})
+    return grid, grid + [i for i in range(n) if i not in grid]
+
+
+def _mesh_sizes(result: SynthesisResult, topo: ClusterTopology, coll: Collective, router: Router,
+                node_limit: int, lowered: dict[str, MscclLowering]) -> bool:  # fmt: skip
+    """One server's GPU mesh as one sub-demand (synth/mesh.py): at each size where its best
+    file beats the synthesized pick so far, `_pick` weighs it against NCCL's default. Whether
+    the mesh applied (one server with GPU-to-GPU links; not broadcast)."""
+    if coll == Collective.BROADCAST or not mesh.applies(topo):
+        return False
+    t0 = time.perf_counter()
+    found = mesh.variants(topo, coll, result.max_threadblocks, node_limit)
+    pick = mesh.evaluate(topo, coll, [sr.size_bytes for sr in result.sizes], found, _protocols,
+                         _chunks_per_loop, router,
+                         {sr.size_bytes: sr.estimate.time_us for sr in result.sizes})  # fmt: skip
+    result.schedules = {**result.schedules, **found.schedules}
+    lowered.update(found.lowered)
+    for i, sr in enumerate(result.sizes):
+        best = pick.best.get(sr.size_bytes)
+        if best is not None and (sr.synthesized is None or best[0] < sr.synthesized.time_us):
+            result.sizes[i] = _pick(coll, sr.size_bytes, topo, sr.default, best, sr.bound_us,
+                                    sr.reason)  # fmt: skip
+    if found.dropped:
+        more = f"; and {len(found.dropped) - 3} more" if len(found.dropped) > 3 else ""
+        result.notes.append(f"{len(found.dropped)} mesh schedule(s) dropped: "
+                            f"{'; '.join(found.dropped[:3])}{more}")  # fmt: skip
+    result.timings["mesh_s"] = time.perf_counter() - t0
+    return True
 
 
 def default_threadblocks(coll: Collective, topo: ClusterTopology, sizes: list[int]) -> int:
@@ -668,10 +836,14 @@ def _solve(dims: list[Dimension], sketches: list[Sketch], symmetric: bool, piece
     return solve_all(demands, workers=workers, node_limit=node_limit)
 
 
+def _schedule_name(coll: Collective, label: str) -> str:
+    return f"ccltune-{coll.value}-{label}".replace(" ", "").replace(">", "-").replace(":", "")
+
+
 def _build(fab: asm.Fabric, coll: Collective, cand: Candidate, patterns: asm.Patterns,
            pieces: int, root: int, label: str) -> ScheduleArrays:  # fmt: skip
     cols = cand.columns
-    name = f"ccltune-{coll.value}-{label}".replace(" ", "").replace(">", "-").replace(":", "")
+    name = _schedule_name(coll, label)
     if coll == Collective.BROADCAST:
         return asm.broadcast(fab, cols, patterns, pieces, root, name)
     if coll == Collective.ALLTOALL:
@@ -688,16 +860,6 @@ def _build(fab: asm.Fabric, coll: Collective, cand: Candidate, patterns: asm.Pat
     return asm.translate_roots(fab, asm.allreduce(rs, ag, name), cpr)
 
 
-def _bound(coll: Collective, size: int, topo: ClusterTopology) -> float:
-    """The lower bound under the most favourable protocol (so it bounds every choice)."""
-    g = nccl_graph(topo)
-    return min(
-        lower_bound(coll, size, topo,
-                    protocol_cost(p, link_kind=g.intra_kind, arch=g.arch, nnodes=g.nnodes)).time_us
-        for p in ("LL", "LL128", "Simple")
-    )  # fmt: skip
-
-
 def _estimate(
     coll: Collective, size: int, topo: ClusterTopology, t: float, bound: float
 ) -> Estimate:
@@ -711,7 +873,7 @@ def _estimate(
 def _nccl_size(
     coll: Collective, s: int, topo: ClusterTopology, d: Estimate, reason: str
 ) -> SizeResult:
-    bound = _bound(coll, s, topo)
+    bound = side.bound_us(coll, s, topo)
     est = _estimate(coll, s, topo, d.time_us, bound)
     ch = nccl_default(coll, s, topo).choice
     return SizeResult(

@@ -59,12 +59,22 @@ def merge(results: Iterable[Iterable[SubSchedule]]) -> dict[tuple[object, ...], 
     return out
 
 
+# Work (sum of `_weight`) below which a pool costs more than it saves: it forks this process
+# per worker (0.1-0.6 s of wall under load at 100 MB-1 GB resident), and the heaviest issue 18
+# row, h800-rail-512 AllGather (45k), solves its MILPs in 0.08 + 0.28 s in-process
+# (docs/synthesis-scale.md, "The second core").
+POOL_MIN_WEIGHT = 200_000
+
+
 def solve_all(
-    demands: Iterable[SubDemand], *, workers: int = 1, node_limit: int = NODE_LIMIT
-) -> dict[tuple[object, ...], SubSchedule]:
-    """Every distinct sub-demand solved once; `workers` > 1 uses a process pool."""
+    demands: Iterable[SubDemand], *, workers: int = 1, node_limit: int = NODE_LIMIT,
+    pool_min_weight: int = POOL_MIN_WEIGHT,
+) -> dict[tuple[object, ...], SubSchedule]:  # fmt: skip
+    """Every distinct sub-demand solved once; `workers` > 1 uses a process pool where the
+    MILPs weigh at least `pool_min_weight`. The result is the same either way."""
     plan = plan_shards(demands, max(1, workers), node_limit=node_limit)
-    if workers <= 1 or len(plan.shards) <= 1:
+    light = sum(_weight(d) for d in plan.demands) < pool_min_weight
+    if workers <= 1 or len(plan.shards) <= 1 or light:
         return merge(solve_shard(plan, i) for i in range(len(plan.shards)))
     with ProcessPoolExecutor(max_workers=workers) as pool:
         parts = list(pool.map(solve_shard, [plan] * len(plan.shards), range(len(plan.shards))))

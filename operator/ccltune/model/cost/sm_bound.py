@@ -99,3 +99,24 @@ def budget_bound_us(collective: Collective | str, size_bytes: float, topo: Clust
     bound at SM-copy efficiency and the threadblock bound."""
     return max(link_bound_us, copy_link_bound_us(collective, size_bytes, topo),
                sm_bound(collective, size_bytes, topo, threadblocks).time_us)  # fmt: skip
+
+
+def launched_bound_us(collective: Collective | str, size_bytes: float, topo: ClusterTopology,
+                      threadblocks: int) -> float:  # fmt: skip
+    """No schedule the model runs on <= `threadblocks` per GPU is faster: per protocol, its
+    launch (the simulator charges NCCL's baseLat before any byte flows; an MSCCL file pays the
+    ring kernel's, the cheapest) plus the link bound with NVLink at the SM-copy efficiency,
+    at least the protocol's floor; the smallest over the protocols, and at least `sm_bound`.
+    The budget bound leaves the launch out; synthesis uses this one to skip the sizes where
+    NCCL's own time is already at it (model/nccl: AlltoAll's p2p is, at most sizes)."""
+    phys = gpu_physics(topo.gpu_model)
+    if topo.world_size <= 1:
+        return 0.0
+    best = float("inf")
+    for i, p in enumerate(PROTOCOLS):
+        cost = replace(PROTOCOL_COSTS[p], step_latency_us=min(step_overhead_us(p, hw) for hw in Hw),
+                       nvlink_efficiency=phys.nvlink_efficiency if phys else 1.0)  # fmt: skip
+        launch = min(v[i] for v in BASE_LAT.values() if v[i] > 0) if phys else 0.0
+        t = launch + lower_bound(collective, size_bytes, topo, cost).time_us
+        best = min(best, max(t, phys.floor_us.get(p, 0.0) if phys else 0.0))
+    return max(best, sm_bound(collective, size_bytes, topo, threadblocks).time_us)

@@ -89,14 +89,20 @@ def _translate_major(s: ScheduleArrays, grp: Translations) -> np.ndarray | None:
     if n % big_n:
         return None
     src = s.src.astype(np.int64)
-    # Row ids in the rows' lexicographic order (as np.unique(axis=0) numbers them, 10x faster).
-    fid = _row_ids([grp.sub(s.dst.astype(np.int64), src), s.count, s.channel, s.reduce,
-                    *_chunk_place(s, grp, src)])  # fmt: skip
-    order = np.lexsort((np.arange(n), fid, src))
     if (np.bincount(src, minlength=big_n) != n // big_n).any():
         return None
-    rows = fid[order].reshape(big_n, -1)
-    if not (rows == rows[0]).all():
+    for place in (_chunk_place(s, grp, src), _run_place(s, grp, src)):
+        if place is None:
+            return None
+        # Row ids in the rows' lexicographic order (as np.unique(axis=0) numbers them, 10x
+        # faster).
+        fid = _row_ids([grp.sub(s.dst.astype(np.int64), src), s.count, s.channel, s.reduce,
+                        *place])  # fmt: skip
+        order = np.lexsort((np.arange(n), fid, src))
+        rows = fid[order].reshape(big_n, -1)
+        if (rows == rows[0]).all():
+            break
+    else:
         return None
     if s.tb is not None:
         # Threadblock ids are per file (not translates of each other): relabel each by its
@@ -123,6 +129,24 @@ def _chunk_place(s: ScheduleArrays, grp: Translations, src: np.ndarray) -> list[
         if per >= 1 and s.total_chunks % n == 0:
             return [grp.sub(c // per, src), c % per]
     return [c]
+
+
+def _run_place(s: ScheduleArrays, grp: Translations, src: np.ndarray) -> list[np.ndarray] | None:
+    """The second try for transfers of several ranks' chunks (assemble.allgather_bundled, a run
+    of an aligned block: its first owner is not a translate of another GPU's first owner): the
+    run's owners relative to the sender, told by the least and greatest. None: no such runs
+    (every count one, or counts that are not chunks of the collective's space: a read-back's
+    are in slices)."""
+    if s.collective not in (Collective.ALLGATHER, Collective.REDUCESCATTER):
+        return None
+    c, count, per = s.chunk.astype(np.int64), s.count.astype(np.int64), s.chunks_per_rank
+    if int(count.max(initial=1)) == 1 or (c + count > s.total_chunks).any():
+        return None
+    at = np.repeat(np.arange(len(c)), count)
+    starts = np.cumsum(count) - count
+    each = np.repeat(c - starts, count) + np.arange(int(count.sum()))
+    rel = grp.sub(each // per, src[at]) * per + each % per
+    return [np.minimum.reduceat(rel, starts), np.maximum.reduceat(rel, starts), c % per]
 
 
 def _permuted(s: ScheduleArrays, perm: np.ndarray) -> ScheduleArrays:
@@ -310,11 +334,23 @@ def prepare_symmetric(
                     st.rank_class)  # fmt: skip
 
 
-def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router,
-               reorder: bool = True) -> _Structure | str:  # fmt: skip
+def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router) -> _Structure | str:
     if topo.dimensions is None:
         return "the fabric is not symmetric"
-    grp = Translations([d.size for d in topo.dimensions])
+    sizes = [d.size for d in topo.dimensions]
+    got = _structure_in(s, router, Translations(sizes))
+    if isinstance(got, str) and got != "the schedule does not span the whole fabric":
+        # A schedule whose sub-spreads act on aligned blocks (synth/assemble.AlignedFabric) is
+        # invariant under the translations of the fabric with dimensions cut into digits.
+        finer = refined_sizes(s, sizes)
+        if finer != sizes:
+            st = _structure_in(s, router, Translations(finer))
+            return st if not isinstance(st, str) else got
+    return got
+
+
+def _structure_in(s: ScheduleArrays, router: Router, grp: Translations,
+                  reorder: bool = True) -> _Structure | str:  # fmt: skip
     if grp.n != s.nranks or grp.n != router.nranks or len(s) == 0:
         return "the schedule does not span the whole fabric"
     if len(s.dep_idx) and ((s.dep_idx < 0) | (s.dep_idx >= len(s))).any():
@@ -330,7 +366,7 @@ def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router,
         # in that order and check every premise again on the reordered arrays.
         perm = _translate_major(s, grp)
         if perm is not None:
-            st = _structure(_permuted(s, perm), topo, router, reorder=False)
+            st = _structure_in(_permuted(s, perm), router, grp, reorder=False)
             if not isinstance(st, str):
                 rep_of = np.empty_like(st.rep_of)
                 rep_of[perm] = st.rep_of
@@ -352,6 +388,39 @@ def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router,
 
 
 _NOT_BLOCK_TRANSLATES = "transfers are not translates of one block of ranks' transfers"
+
+
+def refined_sizes(s: ScheduleArrays, sizes: list[int]) -> list[int]:
+    """`sizes` with each dimension cut into the most digits (an ordered factorization, least
+    significant first) such that every transfer along it changes exactly one digit: the
+    translation group an aligned split schedule may be invariant under. The caller checks."""
+    grp = Translations(sizes)
+    sc, dc = grp.coords(s.src.astype(np.int64)), grp.coords(s.dst.astype(np.int64))
+    out: list[int] = []
+    for d, g in enumerate(sizes):
+        moved = sc[:, d] != dc[:, d]
+        pairs = np.unique(sc[moved, d] * g + dc[moved, d])
+        a, b = pairs // g, pairs % g
+        best: tuple[int, ...] = (g,)
+        for f in _factorizations(g):
+            if len(f) <= len(best):
+                continue
+            changed = np.zeros(len(pairs), dtype=np.int64)
+            unit = 1
+            for k in f:
+                changed += (a // unit % k) != (b // unit % k)
+                unit *= k
+            if (changed == 1).all():
+                best = f
+        out.extend(best)
+    return out
+
+
+def _factorizations(g: int) -> list[tuple[int, ...]]:
+    """Ordered factorizations of g into factors >= 2."""
+    if g == 1:
+        return [()]
+    return [(k, *rest) for k in range(2, g + 1) if g % k == 0 for rest in _factorizations(g // k)]
 
 
 def _outer_subgroups(grp: Translations) -> list[np.ndarray]:

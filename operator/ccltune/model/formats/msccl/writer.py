@@ -20,9 +20,10 @@ Lowering decisions:
   forwarding it, a ring), and no more sends are queued before a receive than the connection's
   FIFO holds (FIFO_CHUNKS; a send blocks while it is full, and two threadblocks that both send
   first would deadlock). Over the SM budget (`max_threadblocks`), more pairs are merged, the
-  fewest waits first. Each connection (peer, channel) is served by exactly one threadblock per
-  rank. Local copies (cpy) run at the end of the rank's threadblock with the fewest steps: an
-  extra threadblock would cost an SM.
+  fewest waits first, or (`pairing="balanced"`) the heaviest stream with the lightest first,
+  none that may block before all that cannot. Each connection (peer, channel) is served by
+  exactly one threadblock per rank. Local copies (cpy) run at the end of the rank's
+  threadblock with the fewest steps: an extra threadblock would cost an SM.
 - A connection whose threadblock would hold more than the executor's 64 steps is split into
   consecutive parts, each on the same peers on a channel of its own (`lower_msccl`), where
   channels and the SM budget allow; the dependencies stay the same steps'.
@@ -79,6 +80,12 @@ from .limits import (
 )
 
 PROTOCOLS = ("Simple", "LL", "LL128")
+# How send and receive streams share threadblocks over the SM budget (`_merge`): "forwarding"
+# pairs the sends that forward a receive with it; "balanced" pairs heavy streams with light ones
+# (fewer steps in the busiest threadblock). Neither wins on every schedule (rail-first p1x4 on
+# h800-rail-64 AllGather, 64 MiB: 844 vs 472 us; the relay p1x2 file: 495 vs 515 us), so the
+# engine times both files (docs/synthesis.md, "h800-rail-64 against the bound").
+PAIRINGS = ("forwarding", "balanced")
 SPLIT_ROUNDS = 4  # lowerings after the first while splitting connections over MAX_STEPS
 SEND_TYPES = {"s", "rcs", "rrs", "rrcs"}
 RECV_TYPES = {"r", "rcs", "rrs", "rrc", "rrcs"}
@@ -223,6 +230,7 @@ def to_msccl_xml(
     inplace: bool = False,
     max_threadblocks: int | None = None,
     max_steps: int = MAX_STEPS,
+    pairing: str = "forwarding",
 ) -> str:
     """Lower a checked schedule to an MSCCL algorithm file (see the module docstring).
 
@@ -235,14 +243,15 @@ def to_msccl_xml(
         raise MscclFormatError(f"byte range {min_bytes}..{max_bytes} is empty or negative")
     if inplace and Collective(schedule.collective) == Collective.ALLTOALL:
         raise MscclFormatError("an in-place alltoall would overwrite data before it is sent")
-    low = lower_msccl(schedule, max_threadblocks=max_threadblocks, max_steps=max_steps)
+    low = lower_msccl(schedule, max_threadblocks=max_threadblocks, max_steps=max_steps,
+                      pairing=pairing)  # fmt: skip
     low.require(max_threadblocks=max_threadblocks, max_steps=max_steps)
     return low.render(name=name, proto=proto, nchannels=nchannels, min_bytes=min_bytes,
                       max_bytes=max_bytes, inplace=inplace)  # fmt: skip
 
 
 def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None,
-                max_steps: int = MAX_STEPS) -> MscclLowering:  # fmt: skip
+                max_steps: int = MAX_STEPS, pairing: str = "forwarding") -> MscclLowering:  # fmt: skip
     """Every rank's threadblocks and steps as the file would hold them (nothing rendered), with
     at most `max_threadblocks` per rank (default: the executor's limit; MscclFormatError when
     the streams cannot be merged that far).
@@ -252,21 +261,24 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None,
     to the same peers on channel chan + j x (channels the schedule uses), a connection of its
     own with its own threadblocks. Dependencies are the same steps'; only which threadblock
     runs them changes. Splitting stops when it would need more than the executor's channels or
-    the SM budget; the result then still breaks `max_steps` (`require` says so)."""
+    the SM budget; the result then still breaks `max_steps` (`require` says so).
+    `pairing`: which streams share a threadblock over the budget (PAIRINGS)."""
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing {pairing!r} is not one of {', '.join(PAIRINGS)}")
     check_schedule(schedule)
     # Lowering allocates millions of objects and forms no reference cycles (steps point only
     # at earlier steps), so the cyclic collector only rescans them: paused while it runs.
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _split_lowering(schedule, max_threadblocks, max_steps)
+        return _split_lowering(schedule, max_threadblocks, max_steps, pairing)
     finally:
         if paused:
             gc.enable()
 
 
-def _split_lowering(schedule: Schedule, max_threadblocks: int | None,
-                    max_steps: int) -> MscclLowering:  # fmt: skip
+def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps: int,
+                    pairing: str) -> MscclLowering:  # fmt: skip
     used = 1 + max((t.channel for t in schedule.transfers), default=0)
     cap = MAX_THREADBLOCKS if max_threadblocks is None else max_threadblocks
     parts: dict[tuple[int, int, int], int] = {}
@@ -276,11 +288,11 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None,
         orbit = frames
 
         def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
-            return _lower_orbit(schedule, max_threadblocks, orbit, parts, used)
+            return _lower_orbit(schedule, max_threadblocks, orbit, parts, used, pairing)
     else:
 
         def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
-            return _lower(schedule, max_threadblocks, parts, used)
+            return _lower(schedule, max_threadblocks, parts, used, pairing)
 
     low = lower(parts)
     for _ in range(SPLIT_ROUNDS):
@@ -305,7 +317,7 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None,
 
 
 def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int, int], int],
-           used: int) -> MscclLowering:  # fmt: skip
+           used: int, pairing: str = "forwarding") -> MscclLowering:  # fmt: skip
     """`lower_msccl` with the connections (src, dst, chan) in `parts` split in that many."""
     coll = Collective(s.collective)
     lay = _Layout(coll, s.nranks, s.chunks_per_rank, s.root)
@@ -388,7 +400,7 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
             steps.append(cp)
 
     fed = _rank_preds(s, steps, steps_of)
-    return _assign(s, steps, lay, scratch, max_threadblocks, fed, frames)
+    return _assign(s, steps, lay, scratch, max_threadblocks, fed, frames, pairing=pairing)
 
 
 def _step_order(s: Schedule, frames: Frames | None) -> tuple[list[int], list[int], list[int]]:
@@ -410,7 +422,8 @@ def _step_order(s: Schedule, frames: Frames | None) -> tuple[list[int], list[int
 
 
 def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
-                 parts: dict[tuple[int, int, int], int], used: int) -> MscclLowering:  # fmt: skip
+                 parts: dict[tuple[int, int, int], int], used: int,
+                 pairing: str = "forwarding") -> MscclLowering:  # fmt: skip
     """`_lower` of a schedule every frame map sends to itself (frames.translates_exactly):
     rank 0's steps only, then every rank's as rank 0's translated. Each orbit has one send
     (src 0) and one receive (dst 0) on rank 0, with the same key; the receive of rank 0's
@@ -494,7 +507,7 @@ def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
         steps.append(cp)
 
     fed = _rank_preds(s, steps, steps_of, [0])
-    one = _assign(s, steps, lay, [scratch], max_threadblocks, fed, frames, [0])
+    one = _assign(s, steps, lay, [scratch], max_threadblocks, fed, frames, [0], pairing)
     return moved.lowering(one, scratch)
 
 
@@ -714,7 +727,7 @@ def _fuse(steps: list[_Step], draining: set[tuple[int, Stream]],
 
 
 def _threadblocks(steps: list[_Step], rank: int, budget: int | None, fed: Fed,
-                  frames: Frames | None = None,
+                  frames: Frames | None = None, pairing: str = "forwarding",
                   ) -> tuple[dict[Stream, int], list[tuple[int, int, int]]]:  # fmt: skip
     """A rank's threadblocks (send, recv, chan): one per stream, except send/recv pairs of a
     channel merged where that adds no wait, and further, fewest waits first, as `budget`
@@ -745,7 +758,7 @@ def _threadblocks(steps: list[_Step], rank: int, budget: int | None, fed: Fed,
             )
     cap = MAX_THREADBLOCKS if budget is None else budget
     streams = sum(len(v) for v in sends.values()) + sum(len(v) for v in recvs.values())
-    pairs = _merge(members, sends, recvs, streams - cap, fed, rel)
+    pairs = _merge(members, sends, recvs, streams - cap, fed, rel, pairing)
     if len(pairs) < streams - cap:
         raise MscclFormatError(
             f"gpu {rank} needs {streams - len(pairs)} threadblocks; the limit is {cap}"
@@ -779,13 +792,17 @@ def _threadblocks(steps: list[_Step], rank: int, budget: int | None, fed: Fed,
 
 
 def _merge(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
-           recvs: dict[int, list[int]], need: int, fed: Fed,
-           rel: Callable[[int], int]) -> list[tuple[int, int, int]]:  # fmt: skip
+           recvs: dict[int, list[int]], need: int, fed: Fed, rel: Callable[[int], int],
+           pairing: str = "forwarding") -> list[tuple[int, int, int]]:  # fmt: skip
     """Disjoint (send peer, recv peer, chan) pairs, cheapest first: every pair that adds no
     wait and cannot block (`_waiting`; it saves an SM for free, as msccl-tools' fused
     recv-send threadblocks do), then more until `need` pairs (fewer when no more exist); ties
-    go to the pair whose sends forward more of its receives, then to fewer steps (balance)."""
-    ranked: list[tuple[int, bool, int, int, int, int, int, int, int]] = []
+    go to the pair whose sends forward more of its receives, then to fewer steps (balance).
+    "balanced" ranks by the two streams' step counts apart first (the most apart first: a
+    heavy stream with a light one keeps the busiest threadblock short, where its in-order
+    steps are what a file loses to its schedule), then as above; a pair that may block
+    still comes after every pair that cannot."""
+    ranked: list[tuple[int, ...]] = []
     for chan in sorted(set(sends) & set(recvs)):
         ykeys = {q: sorted(y.key for y in members[("recv", q, chan)]) for q in recvs[chan]}
         for p in sends[chan]:
@@ -794,13 +811,15 @@ def _merge(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
                 ys = members[("recv", q, chan)]
                 added, blocks = _waiting(xs, ykeys[q], ("recv", q, chan))
                 fed_by = fed.get((("send", p, chan), ("recv", q, chan)), 0)
-                ranked.append((added, blocks, -fed_by, len(xs) + len(ys), chan, -rel(p), -rel(q),
-                               p, q))  # fmt: skip
+                balanced = pairing == "balanced"
+                apart = -abs(len(xs) - len(ys)) if balanced else 0
+                ranked.append((int(blocks and balanced), apart, added, int(blocks), -fed_by,
+                               len(xs) + len(ys), chan, -rel(p), -rel(q), p, q))  # fmt: skip
     ranked.sort()
     out: list[tuple[int, int, int]] = []
     used: set[Stream] = set()
-    for added, blocks, _, _, chan, _, _, p, q in ranked:
-        if len(out) >= need and (added or blocks):
+    for _, _, waits, may_block, _, _, chan, _, _, p, q in ranked:
+        if len(out) >= need and (waits or may_block):
             break
         if ("send", p, chan) in used or ("recv", q, chan) in used:
             continue
@@ -969,14 +988,14 @@ class MscclLowering:
 
 def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[int, int]],
             budget: int | None, fed: list[Fed], frames: Frames | None = None,
-            ranks: list[int] | None = None) -> MscclLowering:  # fmt: skip
+            ranks: list[int] | None = None, pairing: str = "forwarding") -> MscclLowering:  # fmt: skip
     """Threadblocks per rank, each one's steps in order with the nops its dependencies need
     (`ranks`: only these, holding all of `steps`, and `fed` in their order)."""
     ranks = list(range(s.nranks)) if ranks is None else ranks
     by_rank: dict[int, list[_Step]] = {r: [] for r in ranks}
     for st in steps:
         by_rank[st.rank].append(st)
-    placed = {r: _threadblocks(by_rank[r], r, budget, fed[i], frames)
+    placed = {r: _threadblocks(by_rank[r], r, budget, fed[i], frames, pairing)
               for i, r in enumerate(ranks)}  # fmt: skip
     draining = {(r, ("recv", q, c)) for r, (_, tbs) in placed.items() for p, q, c in tbs
                 if p < 0 and q >= 0}  # fmt: skip
@@ -1030,4 +1049,5 @@ def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[in
     return MscclLowering(s, lay, scratch, tb_meta, items_of, used_chan)
 
 
-__all__ = ["MscclFormatError", "MscclLowering", "ScheduleError", "lower_msccl", "to_msccl_xml"]
+__all__ = ["PAIRINGS", "MscclFormatError", "MscclLowering", "ScheduleError", "lower_msccl",
+           "to_msccl_xml"]

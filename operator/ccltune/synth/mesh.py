@@ -1,0 +1,468 @@
+"""Synthesis on one server whose GPUs are joined by a mesh of direct links (issue 18).
+
+The DGX-1 hybrid cube-mesh (1 or 2 NVLinks per pair, some pairs none) has no symmetric
+dimension, and MI300X's xGMI full mesh is one dimension whose every pair is a link; on both the
+whole collective is one sub-demand on the server's GPU graph (group.GroupTopo.gpu_mesh):
+- AllGather: every GPU the origin of its k pieces, every GPU a receiver (milp.SubDemand with
+  `origins`), solved by the sub-demand MILP under its node limit (greedy where the model is too
+  large). The pattern is copied onto `channels` channels (one threadblock per peer and channel:
+  the per-threadblock rate, not the link, bounds one stream) and `depth` times on each channel
+  (copies queue on their channel, so a later copy's first hop overlaps an earlier copy's relay).
+- ReduceScatter: the AllGather reversed; AllReduce: ReduceScatter then AllGather.
+- AlltoAll: each pair's data split into pieces over direct and one-relay paths by an LP that
+  minimises the busiest link's load per lane (max-flow routing: on the cube-mesh a 1-link
+  pair's data partly rides a 2-link neighbour), on every channel.
+Every variant is simulated in full (4-8 GPUs), the best timed as the file it would be, and
+NCCL's default is kept wherever it is faster (engine._pick). Multi-node clusters of such
+servers are not synthesized here (the asymmetric branch keeps NCCL's default).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import highspy
+import numpy as np
+
+from ..api.cluster import ClusterTopology
+from ..api.common import Collective
+from ..model.cost.gpu import gpu_physics
+from ..model.cost.protocols import PROTOCOLS, protocol_cost
+from ..model.evaluate import published_estimate
+from ..model.formats.msccl.limits import MAX_STEPS, first_selected
+from ..model.formats.msccl.stream import render_lowering
+from ..model.formats.msccl.writer import MscclFormatError, MscclLowering, lower_msccl
+from ..model.nccl.default import nccl_graph
+from ..model.schedule.ir import ScheduleArrays
+from ..model.sim.routing import Router
+from ..model.sim.simulate import simulate
+from . import assemble as asm
+from .group import GroupTopo
+from .milp import SubDemand, SubSchedule, greedy, solve
+from .quiet import new_highs
+
+PIECES = (1, 2, 4)  # AllGather pieces per GPU in the sub-demand pattern
+DEPTHS = (1, 2, 4)  # pattern copies queued on one channel
+A2A_PIECES = (1, 4)  # AlltoAll pieces per pair (1: direct where a link exists)
+MAX_CHUNKS = 32  # chunks per rank of a variant (steps per threadblock grow with it)
+FILE_FINALISTS = 2  # per size, the best engine times timed as files
+SCREEN_KEEP = 2  # variants kept per screening size
+GRID = 4
+# Largest AllGather model (binary sends) given to the MILP; above it the greedy pattern stands.
+# DGX-1's 4-piece model (6,144) costs ~13 s of HiGHS root-LP work for 5 epochs instead of 6, and
+# no size chooses it: one threadblock moves less than a link, so threadblocks bind first.
+MILP_VARS = 4000
+
+
+def applies(topo: ClusterTopology) -> bool:
+    """One server of >= 2 GPUs whose GPU-to-GPU links (NVLink / xGMI) connect them all (not
+    A40 bridges, which pair GPUs and leave the rest to PCIe)."""
+    if len(topo.nodes) != 1 or topo.world_size < 2:
+        return False
+    try:
+        group = GroupTopo.gpu_mesh(topo)
+    except ValueError:
+        return False
+    return all(group.hops(u, v) < group.size for u in range(group.size) for v in range(group.size))
+
+
+@dataclass
+class MeshVariants:
+    """Schedules on the server's mesh, by label, and why others were left out."""
+
+    budget: int  # threadblocks per GPU
+    schedules: dict[str, ScheduleArrays] = field(default_factory=dict)
+    lowered: dict[str, MscclLowering] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    patterns: list[SubSchedule] = field(default_factory=list)
+    unfit: set[str] = field(default_factory=set)
+
+    def fits(self, label: str) -> bool:
+        """Lowered (checked) for msccl-executor-nccl within the budget, on first use: only
+        variants the screening keeps pay for it; one that cannot run is dropped with why."""
+        if label in self.lowered:
+            return True
+        if label in self.unfit:
+            return False
+        try:
+            low = lower_msccl(self.schedules[label].to_schedule(), max_threadblocks=self.budget)
+            low.require(max_threadblocks=self.budget, max_steps=MAX_STEPS)
+        except MscclFormatError as exc:
+            self.dropped.append(f"{label}: {exc}")
+            self.unfit.add(label)
+            return False
+        self.lowered[label] = low
+        return True
+
+
+def variants(topo: ClusterTopology, coll: Collective, budget: int,
+             node_limit: int) -> MeshVariants:  # fmt: skip
+    """The variants on the server's mesh (`fits` says which the executor runs within `budget`
+    threadblocks per GPU)."""
+    group = GroupTopo.gpu_mesh(topo)
+    n = group.size
+    peers = max(sum(1 for u, _ in group.links() if u == r) for r in range(n))
+    out = MeshVariants(budget)
+    if peers > budget:
+        out.dropped.append(f"one threadblock per peer needs {peers}, over the budget of {budget}")
+        return out
+    built: list[tuple[str, ScheduleArrays]] = []
+    # Threadblocks per GPU: one per peer, or the whole budget (one threadblock moves less than
+    # a link on every GPU modelled, so a pair needs several).
+    fills = sorted({peers, budget})
+    if coll == Collective.ALLTOALL:
+        for k in A2A_PIECES:
+            routes = alltoall_routes(group, k)
+            load = _pair_load([(u, v) for rs in routes.values() for r in rs
+                               for u, v in itertools.pairwise(r)])  # fmt: skip
+            for tbs in fills:
+                chans = channels_per_pair(group, load, tbs)
+                copies = max(chans.values())
+                if copies * k <= MAX_CHUNKS:
+                    built.append((f"mesh-a2a/k{k}t{tbs}",
+                                  alltoall(group, routes, k, copies, chans)))  # fmt: skip
+    else:
+        for k in PIECES:
+            ranks = tuple(range(n))
+            demand = SubDemand(group, ranks, ranks, False, n * k,
+                               tuple(r for r in ranks for _ in range(k)))  # fmt: skip
+            pattern = solve(demand, node_limit=node_limit if _binaries(demand) <= MILP_VARS else 0)
+            out.patterns.append(pattern)
+            load = _pair_load([(u, v) for _, _, u, v in pattern.sends])
+            for tbs in fills:
+                chans = channels_per_pair(group, load, tbs)
+                # Reduce chains grow with the copies: deep ReduceScatters never won (simulated).
+                for depth in DEPTHS if coll == Collective.ALLGATHER else DEPTHS[:2]:
+                    copies = max(chans.values()) * depth
+                    if k * copies > MAX_CHUNKS:
+                        continue
+                    label = f"mesh/k{k}t{tbs}d{depth}"
+                    ag = allgather(group, pattern, k, copies, chans, label)
+                    if coll != Collective.ALLGATHER:
+                        rs = reverse(allgather(group, pattern, k, copies, chans, label, False),
+                                     f"ccltune-mesh-{coll.value}-{label}")  # fmt: skip
+                        ag = rs if coll == Collective.REDUCESCATTER else asm.allreduce(
+                            rs, ag, rs.name)  # fmt: skip
+                    built.append((label, ag))
+    out.schedules.update(built)
+    return out
+
+
+Pair = tuple[int, int]
+
+
+def _binaries(demand: SubDemand) -> int:
+    """The MILP's send variables: pieces x links x the greedy start's epochs (its horizon)."""
+    return demand.pieces * len(demand.group.links()) * (1 + max(t for t, *_ in greedy(demand)))
+
+
+def _pair_load(hops: list[Pair]) -> dict[Pair, int]:
+    """Sends per unordered pair in its busier direction."""
+    per: dict[Pair, int] = {}
+    for u, v in hops:
+        per[(u, v)] = per.get((u, v), 0) + 1
+    return {(u, v): max(c, per.get((v, u), 0)) for (u, v), c in per.items() if u < v
+            or (v, u) not in per}  # fmt: skip
+
+
+def channels_per_pair(group: GroupTopo, load: dict[Pair, int], budget: int) -> dict[Pair, int]:
+    """Channels per directed pair (the same both ways: a threadblock pairs a send and a receive
+    of one peer): one each, then doubled where the load per channel is highest while both GPUs
+    stay within `budget` threadblocks. Powers of two, so every pair's sends deal evenly over
+    its channels when the copies are a multiple of the most."""
+    pairs = sorted({(min(u, v), max(u, v)) for u, v in load})
+    ch = dict.fromkeys(pairs, 1)
+    used = [0] * group.size
+    for u, v in pairs:
+        used[u] += 1
+        used[v] += 1
+
+    def weight(p: Pair) -> int:
+        return max(load.get(p, 0), load.get((p[1], p[0]), 0))
+
+    while True:
+        room = [p for p in pairs if used[p[0]] + ch[p] <= budget and used[p[1]] + ch[p] <= budget]
+        if not room:
+            break
+        p = max(room, key=lambda q: (weight(q) / ch[q], -q[0], -q[1]))
+        used[p[0]] += ch[p]
+        used[p[1]] += ch[p]
+        ch[p] *= 2
+    return {**ch, **{(v, u): c for (u, v), c in ch.items()}}
+
+
+class _Dealer:
+    """Deals each pair's sends round robin over its channels."""
+
+    def __init__(self, chans: dict[Pair, int]) -> None:
+        self.chans = chans
+        self.next: dict[Pair, int] = {}
+
+    def __call__(self, u: int, v: int) -> int:
+        k = self.next.get((u, v), 0)
+        self.next[(u, v)] = k + 1
+        return k % self.chans[(u, v)]
+
+
+def allgather(group: GroupTopo, pattern: SubSchedule, k: int, copies: int,
+              chans: dict[Pair, int], name: str, queue: bool = True) -> ScheduleArrays:  # fmt: skip
+    """The pattern's sends, piece p of the pattern being owner p // k's j = p % k, copied
+    `copies` times, each pair's sends dealt over its `chans` channels; a send waits
+    for its chunk to reach the sender and for the previous send on its (sender, receiver,
+    channel) queue (`queue`; without it only for its chunk)."""
+    b = asm.Builder()
+    cpr = k * copies
+    deal = _Dealer(chans)
+    sends = sorted(pattern.sends)
+    arrival: dict[tuple[int, int, int], int] = {}
+    # Epoch by epoch over the copies: on a queue, a later copy's first hop goes before an
+    # earlier copy's relay, which would otherwise hold it while its piece is on the way.
+    for epoch in range(pattern.epochs):
+        for c in range(copies):
+            for t, p, u, v in sends:
+                if t != epoch:
+                    continue
+                owner, j = divmod(p, k)
+                dep = arrival.get((c, p, u))
+                ch = deal(u, v)
+                arrival[(c, p, v)] = b.add(u, v, owner * cpr + c * k + j,
+                                           () if dep is None else (dep,), channel=ch,
+                                           stream=ch if queue else None)  # fmt: skip
+    return b.arrays(f"ccltune-mesh-{name}", Collective.ALLGATHER, group.size, cpr,
+                    channels=max(chans.values()))  # fmt: skip
+
+
+def reverse(ag: ScheduleArrays, name: str) -> ScheduleArrays:
+    """ReduceScatter as the AllGather run backwards: each send becomes a reduce the other way,
+    after the reduces of the sends that left from its receiver (their data). Reduces into one
+    (GPU, chunk) must be ordered (the checker wants a path between writes of one buffer); each
+    such chain starts at another peer per chunk, so a GPU's links carry reduces at once instead
+    of every chain waiting on one peer. The chains order siblings of one chunk's tree only,
+    so no cycle forms. `ag` must hold data deps alone (no connection queue)."""
+    t, n = len(ag), ag.nranks
+    src, dst, chunk = ag.dst.tolist(), ag.src.tolist(), ag.chunk.tolist()
+    ptr, idx = ag.dep_ptr.tolist(), ag.dep_idx.tolist()
+    deps: list[set[int]] = [set() for _ in range(t)]
+    for i in range(t):
+        for d in idx[ptr[i] : ptr[i + 1]]:
+            deps[d].add(i)
+    into: dict[tuple[int, int], list[int]] = {}
+    for i in range(t):
+        into.setdefault((dst[i], chunk[i]), []).append(i)
+    for (me, c), group in into.items():
+        group.sort(key=lambda i: ((src[i] - me + c) % n, src[i]))
+        for before, after in itertools.pairwise(group):
+            deps[after].add(before)
+    order = _topological(deps)
+    new_of = {old: pos for pos, old in enumerate(order)}
+    b = asm.Builder()
+    for old in order:
+        b.add(src[old], dst[old], chunk[old], tuple(sorted(new_of[d] for d in deps[old])),
+              int(ag.count[old]), int(ag.channel[old]), reduce=True)  # fmt: skip
+    return b.arrays(name, Collective.REDUCESCATTER, n, ag.chunks_per_rank, channels=ag.channels)
+
+
+def _topological(deps: list[set[int]]) -> list[int]:
+    """Kahn's order, smallest index first among the ready (deps: predecessors per node)."""
+    succ: list[list[int]] = [[] for _ in deps]
+    left = [len(d) for d in deps]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            succ[d].append(i)
+    ready = [i for i, k in enumerate(left) if k == 0]
+    heapq.heapify(ready)
+    out: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        out.append(i)
+        for j in succ[i]:
+            left[j] -= 1
+            if left[j] == 0:
+                heapq.heappush(ready, j)
+    if len(out) != len(deps):
+        raise AssertionError("reversed mesh schedule has a dependency cycle")
+    return out
+
+
+Route = list[int]  # GPUs from the sender to the receiver
+
+
+def alltoall_routes(group: GroupTopo, pieces: int) -> dict[tuple[int, int], list[Route]]:
+    """Per ordered pair, the route of each of its `pieces` pieces: the LP's split of the pair's
+    data over its direct link and one-relay paths, minimising the busiest link's load per lane,
+    rounded to whole pieces by largest remainder (one piece: the shortest path)."""
+    n = group.size
+    pairs = [(s, d) for s in range(n) for d in range(n) if s != d]
+    if pieces == 1:
+        return {(s, d): [group.shortest_paths(s, d)[0]] for s, d in pairs}
+    lanes = {(u, v): group.capacity(u, v) for u, v in group.links()}
+    paths = {(s, d): [[s, d]] * ((s, d) in lanes)
+             + [[s, w, d] for w in range(n) if (s, w) in lanes and (w, d) in lanes]
+             for s, d in pairs}  # fmt: skip
+    for (s, d), ps in paths.items():
+        if not ps:  # more than one relay: the shortest paths
+            ps.extend(group.shortest_paths(s, d))
+    flows = _route_lp(paths, lanes)
+    out = {}
+    for pair, ps in paths.items():
+        want = [f * pieces for f in flows[pair]]
+        got = [math.floor(w + 1e-9) for w in want]
+        rest = sorted(range(len(ps)), key=lambda i: (got[i] - want[i], i))
+        for i in rest[: pieces - sum(got)]:
+            got[i] += 1
+        out[pair] = [ps[i] for i in range(len(ps)) for _ in range(got[i])]
+    return out
+
+
+def _route_lp(paths: dict[tuple[int, int], list[Route]],
+              lanes: dict[tuple[int, int], int]) -> dict[tuple[int, int], list[float]]:  # fmt: skip
+    """min T: each pair's path flows sum to 1, each link's load <= T x its lanes; among the
+    optima the fewest relayed hops (a small cost per hop)."""
+    cols = [(pair, i) for pair, ps in paths.items() for i in range(len(ps))]
+    n = len(cols) + 1  # the last column is T
+    cost = np.array([1e-4 * (len(paths[p][i]) - 1) for p, i in cols] + [1.0])
+    h = new_highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.addVars(n, np.zeros(n), np.full(n, highspy.kHighsInf))
+    h.changeColsCost(n, np.arange(n, dtype=np.int32), cost)
+    col_of = {c: j for j, c in enumerate(cols)}
+    for pair, ps in paths.items():
+        idx = np.array([col_of[(pair, i)] for i in range(len(ps))], dtype=np.int32)
+        h.addRow(1.0, 1.0, len(idx), idx, np.ones(len(idx)))
+    on: dict[tuple[int, int], list[int]] = {lk: [] for lk in lanes}
+    for (pair, i), j in col_of.items():
+        route = paths[pair][i]
+        for u, v in itertools.pairwise(route):
+            on[(u, v)].append(j)
+    for lk, js in on.items():
+        idx = np.array([*js, n - 1], dtype=np.int32)
+        h.addRow(-highspy.kHighsInf, 0.0, len(idx), idx,
+                 np.array([1.0] * len(js) + [-float(lanes[lk])]))  # fmt: skip
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        raise RuntimeError(f"AlltoAll routing LP: {h.modelStatusToString(h.getModelStatus())}")
+    x = h.getSolution().col_value
+    return {pair: [max(0.0, x[col_of[(pair, i)]]) for i in range(len(ps))]
+            for pair, ps in paths.items()}  # fmt: skip
+
+
+def alltoall(group: GroupTopo, routes: dict[tuple[int, int], list[Route]], pieces: int,
+             copies: int, chans: dict[Pair, int]) -> ScheduleArrays:  # fmt: skip
+    """Piece j of (s -> d) in copy c is chunk (s n + d) cpr + c pieces + j, along its route;
+    a relay's forward waits for the piece to arrive; each pair's sends dealt over its `chans`
+    channels."""
+    n = group.size
+    cpr = pieces * copies
+    b = asm.Builder()
+    deal = _Dealer(chans)
+    longest = max(len(r) for rs in routes.values() for r in rs) - 1
+    for c in range(copies):
+        last: dict[tuple[int, int], int] = {}
+        # Hop by hop: a relayed piece's second hop queues behind every first hop on its
+        # connection, so it never holds up a direct piece that is ready.
+        for hop in range(longest):
+            for (s, d), rs in sorted(routes.items()):
+                for j, route in enumerate(rs):
+                    if hop + 1 >= len(route):
+                        continue
+                    u, v = route[hop], route[hop + 1]
+                    chunk = (s * n + d) * cpr + c * pieces + j
+                    dep = (last[(chunk, u)],) if hop else ()
+                    ch = deal(u, v)
+                    last[(chunk, v)] = b.add(u, v, chunk, dep, channel=ch, stream=ch)
+    return b.arrays(f"ccltune-mesh-alltoall-k{pieces}x{copies}", Collective.ALLTOALL, n, cpr,
+                    channels=max(chans.values()))  # fmt: skip
+
+
+@dataclass
+class MeshPick:
+    """Per size, the best mesh file's time (or None) and what was tried."""
+
+    best: dict[int, tuple[float, str, str] | None]
+    variants: MeshVariants
+
+
+Protocols = Callable[[int], tuple[str, ...]]
+
+
+def evaluate(topo: ClusterTopology, coll: Collective, sizes: list[int], found: MeshVariants,
+             protocols: Protocols, chunks_per_loop: Callable[[ScheduleArrays], int],
+             router: Router, beat: dict[int, float] | None = None) -> MeshPick:  # fmt: skip
+    """Per size: the screened variants the executor selects there simulated with every protocol
+    that can win; the best FILE_FINALISTS timed as the files they would be (read back, sliced),
+    only where the schedule beats `beat` (the size's time so far: a file only adds waits)."""
+    g = nccl_graph(topo)
+    phys = gpu_physics(topo.gpu_model)
+    n = topo.world_size
+    sel_from = {lb: first_selected(coll, n, chunks_per_loop(arr), 1)
+                for lb, arr in found.schedules.items()}  # fmt: skip
+    costs = {p: protocol_cost(p, link_kind=g.intra_kind, gpu=phys) for p in PROTOCOLS}
+
+    def engine_us(label: str, s: int, proto: str) -> float:
+        return simulate(found.schedules[label], topo, s, costs[proto], router).time_us
+
+    kept = _screen(sizes, list(found.schedules), sel_from, protocols, engine_us, found.fits)
+    files: dict[tuple[str, str], str] = {}
+    best_of: dict[int, tuple[float, str, str] | None] = {}
+    # Every GRID-th size tries every kept variant; a size between two tries the variants whose
+    # schedule was fastest at either (engine.py does the same).
+    grid = sorted({*range(0, len(sizes), GRID), len(sizes) - 1})
+    fastest: dict[int, str] = {}
+    for i in grid + [i for i in range(len(sizes)) if i not in grid]:
+        s = sizes[i]
+        tried = kept
+        if i not in grid:
+            near = {fastest.get(max(j for j in grid if j < i)),
+                    fastest.get(min(j for j in grid if j > i))}  # fmt: skip
+            tried = [lb for lb in kept if lb in near] or kept
+        engine = [(engine_us(label, s, proto), label, proto) for label in tried
+                  if (start := sel_from[label]) is not None and start <= s
+                  for proto in protocols(s)]  # fmt: skip
+        if engine:
+            fastest[i] = min(engine)[1]
+        best: tuple[float, str, str] | None = None
+        bar = (beat or {}).get(s, math.inf)
+        for t, label, proto in sorted(engine)[:FILE_FINALISTS]:
+            if t >= min(bar, best[0] if best else math.inf):
+                break  # a file only adds waits to its schedule
+            if (label, proto) not in files:
+                files[(label, proto)] = render_lowering(
+                    found.lowered[label], name=label, proto=proto,
+                    nchannels=found.schedules[label].channels)  # fmt: skip
+            try:
+                f = published_estimate(coll, s, topo, files[(label, proto)],
+                                       router=router).time_us  # fmt: skip
+            except MscclFormatError as exc:
+                found.dropped.append(f"{label}/{proto}: {exc}")
+                continue
+            if best is None or f < best[0]:
+                best = (f, label, proto)
+        best_of[s] = best
+    return MeshPick({s: best_of[s] for s in sizes}, found)
+
+
+def _screen(sizes: list[int], labels: list[str], sel_from: dict[str, int | None],
+            protocols: Protocols, engine_us: Callable[[str, int, str], float],
+            fits: Callable[[str], bool]) -> list[str]:  # fmt: skip
+    """The variants among the best SCREEN_KEEP that fit the executor at the smallest size each
+    selects, near 64 MiB or at the largest size (the engine's screening points)."""
+    if len(labels) <= SCREEN_KEEP:
+        return [lb for lb in labels if fits(lb)]
+    mid = min(sizes, key=lambda x: abs(math.log2(x) - 26))
+    kept: set[str] = set()
+    for at in sorted({sizes[0], mid, sizes[-1]}):
+        ranked = []
+        for label in labels:
+            start = sel_from[label]
+            if start is None or start > sizes[-1]:
+                continue
+            s = at if start <= at else min(x for x in sizes if x >= start)
+            ranked.append((min(engine_us(label, s, p) for p in protocols(s)), label))
+        kept.update(itertools.islice((lb for _, lb in sorted(ranked) if fits(lb)), SCREEN_KEEP))
+    return [lb for lb in labels if lb in kept]
+

@@ -1,0 +1,153 @@
+"""Synthesis on one server's GPU mesh (synth/mesh.py): the cube-mesh and MI300X's xGMI mesh."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from ccltune.api.common import Collective
+from ccltune.model.schedule.check import check_schedule
+from ccltune.synth import mesh
+from ccltune.synth.engine import synthesize
+from ccltune.synth.group import GroupTopo
+from ccltune.synth.milp import SubDemand, solve
+from ccltune.topology.load import load_cluster, load_text
+
+REPO = Path(__file__).resolve().parents[2]
+CUBE_8 = str(REPO / "examples/clusters/dgx1-v100-cubemesh.yaml")
+SIZES = [1 << k for k in (10, 16, 20, 24, 26, 30)]
+
+
+def test_applies_to_one_server_with_gpu_links_only() -> None:
+    assert mesh.applies(load_cluster("v100-cubemesh-4"))
+    assert mesh.applies(load_cluster(CUBE_8))
+    assert mesh.applies(load_cluster("mi300x-8"))
+    two = (REPO / "operator/ccltune/topology/presets/v100-cubemesh-4.yaml").read_text()
+    assert not mesh.applies(load_text(two.replace("servers: 1", "servers: 2"), "two.yaml"))
+    assert not mesh.applies(load_cluster("dgx-h100-2"))
+    assert not mesh.applies(load_cluster("dgx-h100-1"))  # NVSwitch: no GPU-to-GPU link
+    assert not mesh.applies(load_cluster("a40-pcie-8"))  # NVLink bridges join pairs only
+
+
+@pytest.mark.parametrize(("ref", "budget"), [("v100-cubemesh-4", 8), (CUBE_8, 12), ("mi300x-8", 32)])
+def test_channels_per_pair_fit_the_budget(ref: str, budget: int) -> None:
+    g = GroupTopo.gpu_mesh(load_cluster(ref))
+    load = {lk: 1 + g.capacity(*lk) for lk in g.links()}
+    ch = mesh.channels_per_pair(g, load, budget)
+    assert set(ch) == set(g.links())
+    for u, v in g.links():
+        assert ch[(u, v)] == ch[(v, u)] >= 1
+        assert ch[(u, v)] & (ch[(u, v)] - 1) == 0  # powers of two: copies deal evenly
+    for r in range(g.size):
+        assert sum(c for (u, _), c in ch.items() if u == r) <= budget
+    # The whole budget is used where a doubling still fits: no GPU could take one more.
+    used = [sum(c for (u, _), c in ch.items() if u == r) for r in range(g.size)]
+    assert not any(used[u] + ch[(u, v)] <= budget and used[v] + ch[(u, v)] <= budget
+                   for u, v in g.links())  # fmt: skip
+
+
+def _max_load_per_lane(g: GroupTopo, routes: dict[tuple[int, int], list[list[int]]]) -> float:
+    load: dict[tuple[int, int], int] = {}
+    for rs in routes.values():
+        for r in rs:
+            for hop in itertools.pairwise(r):
+                load[hop] = load.get(hop, 0) + 1
+    return max(c / g.capacity(*hop) for hop, c in load.items())
+
+
+def test_alltoall_routes_relay_one_link_pairs_on_the_cube_mesh() -> None:
+    g = GroupTopo.gpu_mesh(load_cluster("v100-cubemesh-4"))
+    k = 4
+    routes = mesh.alltoall_routes(g, k)
+    assert set(routes) == {(s, d) for s in range(4) for d in range(4) if s != d}
+    for (s, d), rs in routes.items():
+        assert len(rs) == k
+        assert all(r[0] == s and r[-1] == d and len(r) <= 3 for r in rs)
+        assert all(hop in set(g.links()) for r in rs for hop in itertools.pairwise(r))
+    direct = {pair: [[*pair]] * k for pair in routes}
+    # Direct sends load a 1-link pair with all k pieces; max-flow routing spreads them (the
+    # LP's optimum is 3 per lane, whole pieces round one pair's split up).
+    assert _max_load_per_lane(g, direct) == k
+    assert _max_load_per_lane(g, routes) < k
+    assert any(len(r) == 3 for rs in routes.values() for r in rs)
+
+
+def test_alltoall_routes_stay_direct_on_a_full_mesh() -> None:
+    g = GroupTopo.gpu_mesh(load_cluster("mi300x-8"))
+    routes = mesh.alltoall_routes(g, 4)
+    assert all(r == [s, d] for (s, d), rs in routes.items() for r in rs)
+
+
+@pytest.mark.parametrize("coll", [Collective.ALLGATHER, Collective.REDUCESCATTER,
+                                  Collective.ALLREDUCE, Collective.ALLTOALL])  # fmt: skip
+def test_variants_are_correct_and_fit_the_executor(coll: Collective) -> None:
+    topo = load_cluster("v100-cubemesh-4")
+    found = mesh.variants(topo, coll, 8, node_limit=200)
+    assert found.schedules
+    for label, arr in list(found.schedules.items()):
+        assert arr.collective == coll and arr.nranks == 4
+        check_schedule(arr.to_schedule())  # every chunk delivered / reduced, no write races
+        if found.fits(label):
+            assert found.lowered[label].threadblocks <= 8, label
+        else:
+            assert label in found.unfit and label in found.dropped[-1]
+    assert found.lowered  # some variant of every collective runs within the budget
+
+
+def test_reverse_orders_reduces_into_one_chunk() -> None:
+    g = GroupTopo.gpu_mesh(load_cluster("v100-cubemesh-4"))
+    ranks = tuple(range(4))
+    pattern = solve(SubDemand(g, ranks, ranks, False, 8, tuple(r for r in ranks for _ in "ab")),
+                    node_limit=0)  # fmt: skip
+    chans = mesh.channels_per_pair(g, {lk: 1 for lk in g.links()}, 8)
+    ag = mesh.allgather(g, pattern, 2, 4, chans, "t", queue=False)
+    rs = mesh.reverse(ag, "t-rs")
+    assert len(rs) == len(ag) and rs.reduce.all()
+    assert sorted(zip(rs.src.tolist(), rs.dst.tolist(), rs.chunk.tolist(), strict=True)) == sorted(
+        zip(ag.dst.tolist(), ag.src.tolist(), ag.chunk.tolist(), strict=True))  # fmt: skip
+    ptr, idx = rs.dep_ptr.tolist(), rs.dep_idx.tolist()
+    assert all(d < i for i in range(len(rs)) for d in idx[ptr[i] : ptr[i + 1]])  # topological
+    check_schedule(rs.to_schedule())
+
+
+def test_cube_mesh_is_synthesized_and_never_slower_than_nccl(tmp_path: Path) -> None:
+    topo = load_cluster("v100-cubemesh-4")
+    res = synthesize(topo, Collective.ALLTOALL, SIZES, time_budget_s=3600, out_dir=tmp_path)
+    assert not res.symmetric and "GPU mesh" in res.notes[0]
+    files = [r for r in res.ranges if r.kind == "msccl"]
+    assert files and all(Path(r.xml_file or "").exists() for r in files)
+    assert all(s.estimate.time_us <= s.default.time_us for s in res.sizes)
+    # AlltoAll at 64 MiB: NCCL's p2p moves a 1-link pair's quarter over one NVLink; the mesh
+    # schedule drives each pair with two threadblocks at least (simulated).
+    at = next(s for s in res.sizes if s.size_bytes == 1 << 26)
+    assert at.chosen.startswith("mesh-a2a/") and at.estimate.time_us < 0.7 * at.default.time_us
+
+
+def test_full_mesh_alltoall_is_synthesized(tmp_path: Path) -> None:
+    topo = load_cluster("mi300x-8")
+    res = synthesize(topo, Collective.ALLTOALL, [1 << 20, 1 << 26], time_budget_s=3600,
+                     out_dir=tmp_path)  # fmt: skip
+    assert res.symmetric
+    big = res.sizes[-1]
+    assert big.chosen.startswith("mesh-a2a/")
+    # Direct sends on 4 threadblocks per peer vs NCCL's p2p: well over 2x (simulated).
+    assert big.estimate.time_us < 0.5 * big.default.time_us
+    assert all(s.estimate.time_us <= s.default.time_us for s in res.sizes)
+
+
+def test_broadcast_is_left_to_the_symmetric_engine() -> None:
+    topo = load_cluster("v100-cubemesh-4")
+    res = synthesize(topo, Collective.BROADCAST, [1 << 20], time_budget_s=3600)
+    assert all(r.kind == "nccl" for r in res.ranges)
+    assert not res.schedules
+
+
+def test_milp_runs_where_its_model_is_small_enough() -> None:
+    # DGX-1 AllGather: 2 pieces per GPU (2,048 binaries) MILP 3 epochs vs greedy 4; 4 pieces
+    # (6,144, over mesh.MILP_VARS) keep the greedy pattern.
+    found = mesh.variants(load_cluster(CUBE_8), Collective.ALLGATHER, 12, node_limit=2000)
+    by_pieces = {p.demand.pieces // 8: p for p in found.patterns}
+    assert by_pieces[2].milp and by_pieces[2].epochs == 3 < by_pieces[2].greedy_epochs
+    assert not by_pieces[4].milp and by_pieces[4].status == "greedy"
