@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 from ccltune.api.cluster import ClusterTopology
 from ccltune.topology.builder import build
 from ccltune.topology.spec import ClusterSpec, IntraNode, Network, Nics, Tier
 from ccltune.topology.symmetry import detect
+
+CHECK_PLAN = Path(__file__).resolve().parents[3] / "shared" / "conformance" / "check-plan"
+
+
+def check_plan(plan: Path, *args: str) -> str:
+    """The conformance kit (NCCL's and msccl-executor's own code) on a plan directory: its
+    output, after asserting that it ran and that everything passed."""
+    assert CHECK_PLAN.exists(), f"conformance kit missing at {CHECK_PLAN}"
+    p = subprocess.run([str(CHECK_PLAN), str(plan), *args], capture_output=True, text=True,
+                       timeout=900)  # fmt: skip
+    assert p.returncode != 2, p.stdout + p.stderr  # the kit could not run: nothing was checked
+    assert p.returncode == 0, p.stdout
+    return p.stdout
 
 
 def make_cluster(gpus: int, servers: int, fabric: str = "nvswitch", layout: str = "rail",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_synth_conformance import NO_TIME_LIMIT, SIZES, _check
+from test_synth_conformance import NO_TIME_LIMIT, SIZES, assert_loaded_and_selected
 
 from ccltune.api.common import Collective
 from ccltune.synth.engine import synthesize
@@ -33,10 +33,5 @@ def test_mesh_files_load_and_are_selected(ref: str, coll: str, tmp_path: Path) -
     assert any(r.label.startswith("mesh") for r in files), res.notes
     assert all(0 < r.threadblocks <= res.max_threadblocks for r in files)
     assert all(s.estimate.time_us <= s.default.time_us for s in res.sizes)
-    for dtype_bytes in (2, 4):
-        out = _check(tmp_path, dtype_bytes)
-        for r in files:
-            name = Path(r.xml_file or "").name
-            assert f"PASS msccl/{name} load" in out
-            assert f"PASS msccl/{name} selection: selected by the executor at all" in out
+    assert_loaded_and_selected(tmp_path, files)
     assert Collective(coll) == res.collective
