@@ -523,27 +523,22 @@ def synthesize(
         # threadblocks run their steps in order, once per slice, which the engine's schedule
         # does not charge. A file adds waits to its schedule, never removes one, so a candidate
         # whose schedule is already slower than the best file so far is not timed. Between
-        # grid points where one file won at both ends the engine's pick stands; where two
-        # files won, both are timed; where NCCL won at one end its file is timed too (a 64-rank file costs ~15 s
-        # per size to time; the plan times every row it publishes as a file).
+        # grid points the file(s) that won at either end are timed; where NCCL won at one end
+        # the engine's best is timed too. Every synthesized time reported is a file's.
         best: tuple[float, str, str] | None = None
         edge = i in grid or any(picks[j].chosen.startswith("nccl:") for j in (lo, hi))
         if not edge:
             best = min(engine_times, default=None)
             won = {(picks[j].chosen, picks[j].protocol) for j in (lo, hi)}
-            if len(won) > 1:
-                # Different files won at the two ends: the engine's times would rank them by
-                # schedule, not file (a pairing's file can be 10% off its schedule), so both
-                # files are timed here.
+            if best is not None:
+                # The file(s) that won at the two ends, timed here as published: the engine's
+                # times rank schedules, not files (a file can be 10-30% off its schedule), and
+                # the time reported is the file's.
                 best = None
                 for lb, pr in sorted(won):
                     f = file_us(lb, pr, s)
                     if not math.isinf(f) and (best is None or f < best[0]):
                         best = (f, lb, pr)
-            elif best is not None:  # the pairing whose file won at both ends
-                (lb, _), = won
-                if lb in paired.get(best[1], [])[1:]:
-                    best = (best[0], lb, best[2])
         timed_here = FILE_FINALISTS if i in grid else 1
         slower = ""  # AlltoAll: the engine's best already loses to NCCL, so no file is timed
         for t, name, pr in sorted(engine_times)[:timed_here] if edge else ():
