@@ -11,7 +11,7 @@ from synth_helpers import make_cluster
 
 from ccltune.api.common import Collective
 from ccltune.model.sim.routing import Router
-from ccltune.synth import engine, side
+from ccltune.synth import engine, grid, side
 from ccltune.synth.engine import SynthesisResult, synthesize
 
 SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 26, 1 << 28]
@@ -51,7 +51,7 @@ def test_reference_process_with_budget_cut_short(tmp_path: Path) -> None:
 def test_references_come_from_another_process_in_evaluation_order() -> None:
     topo = make_cluster(4, 2, "nvswitch")
     sizes = SIZES
-    in_order = [sizes[i] for i in engine._evaluation_order(len(sizes))[1]]
+    in_order = [sizes[i] for i in grid.evaluation_order(len(sizes))[1]]
     refs = side.References(Collective.ALLGATHER, topo, Router(topo), in_order, workers=2)
     try:
         assert list(refs._pending) == in_order

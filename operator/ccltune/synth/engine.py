@@ -50,6 +50,7 @@ from . import DEFAULT_WORK_BUDGET, mesh, side
 from . import alltoall as a2a
 from . import assemble as asm
 from .combine import Candidate, candidates, port_payload_gbps
+from .grid import FILE_FINALISTS, evaluation_order, file_time
 from .milp import SubSchedule
 from .shard import solve_all
 from .sketch import SearchStats, Sketch, search
@@ -57,8 +58,6 @@ from .sketch import SearchStats, Sketch, search
 Progress = Callable[[str, float], None]  # (message, fraction done 0..1)
 
 
-GRID = 4
-FILE_FINALISTS = 2  # per grid size, the engine's best (variant, protocol)s timed as files
 MAX_CHUNKS = 32  # chunks per root in a pipelined variant (transfers grow with it)
 # Above 64 ranks a 512-rank variant holds ~0.26M transfers per chunk of a root.
 MAX_CHUNKS_LARGE = 48
@@ -210,7 +209,7 @@ def synthesize(
     dims = topo.dimensions
     fab = asm.Fabric(dims)
     # NCCL's reference per size starts now, in its own process when workers allow.
-    refs = side.References(coll, topo, router, [sizes[i] for i in _evaluation_order(len(sizes))[1]],
+    refs = side.References(coll, topo, router, [sizes[i] for i in evaluation_order(len(sizes))[1]],
                            workers if evaluate else 1)  # fmt: skip
     clock.on_deadline = refs.close
     # AlltoAll: sizes where NCCL's p2p is at the bound are not searched (synth/alltoall.py).
@@ -428,7 +427,7 @@ def synthesize(
                                                         max_threadblocks=budget)  # fmt: skip
                 files[(label, proto)] = render_lowering(low, name=label, proto=proto,
                                                         nchannels=arr_of[label].channels)  # fmt: skip
-            got = side.file_time(coll, size, topo, router, files[(label, proto)])
+            got = file_time(coll, size, topo, router, files[(label, proto)])
         if isinstance(got, str):
             dropped.append(f"{label}/{proto}: {got}")
             return math.inf
@@ -457,7 +456,7 @@ def synthesize(
     # Grid sizes (every GRID-th and the last) try every finalist; a size between two grid points
     # tries only the variants that won at either neighbour (a schedule's time is piecewise
     # linear in size, so a variant losing at both ends rarely wins in between).
-    grid, order = _evaluation_order(len(sizes))
+    grid, order = evaluation_order(len(sizes))
     if workers > 1 and finalists:
         # The files each grid size would time, looked ahead from the engine's times (which do
         # not depend on earlier sizes): a second process reads and times part of them.
@@ -595,13 +594,6 @@ def synthesize(
     result.work = clock.spent
     say("done", 1.0)
     return result
-
-
-def _evaluation_order(n: int) -> tuple[list[int], list[int]]:
-    """Grid sizes' indices (every GRID-th and the last), and every index in evaluation order:
-    the grid first, since a size between grid points is evaluated from its neighbours."""
-    grid = sorted({*range(0, n, GRID), n - 1})
-    return grid, grid + [i for i in range(n) if i not in grid]
 
 
 def _mesh_sizes(result: SynthesisResult, topo: ClusterTopology, coll: Collective, router: Router,

@@ -32,7 +32,6 @@ from ..api.cluster import ClusterTopology
 from ..api.common import Collective
 from ..model.cost.gpu import gpu_physics
 from ..model.cost.protocols import PROTOCOLS, protocol_cost
-from ..model.evaluate import published_estimate
 from ..model.formats.msccl.limits import MAX_STEPS, first_selected
 from ..model.formats.msccl.stream import render_lowering
 from ..model.formats.msccl.writer import MscclFormatError, MscclLowering, lower_msccl
@@ -41,6 +40,7 @@ from ..model.schedule.ir import ScheduleArrays
 from ..model.sim.routing import Router
 from ..model.sim.simulate import simulate
 from . import assemble as asm
+from .grid import FILE_FINALISTS, evaluation_order, file_time
 from .group import GroupTopo
 from .milp import SubDemand, SubSchedule, greedy, solve
 from .quiet import new_highs
@@ -49,9 +49,7 @@ PIECES = (1, 2, 4)  # AllGather pieces per GPU in the sub-demand pattern
 DEPTHS = (1, 2, 4)  # pattern copies queued on one channel
 A2A_PIECES = (1, 4)  # AlltoAll pieces per pair (1: direct where a link exists)
 MAX_CHUNKS = 32  # chunks per rank of a variant (steps per threadblock grow with it)
-FILE_FINALISTS = 2  # per size, the best engine times timed as files
 SCREEN_KEEP = 2  # variants kept per screening size
-GRID = 4
 # Largest AllGather model (binary sends) given to the MILP; above it the greedy pattern stands.
 # DGX-1's 4-piece model (6,144) costs ~13 s of HiGHS root-LP work for 5 epochs instead of 6, and
 # no size chooses it: one threadblock moves less than a link, so threadblocks bind first.
@@ -411,9 +409,9 @@ def evaluate(topo: ClusterTopology, coll: Collective, sizes: list[int], found: M
     best_of: dict[int, tuple[float, str, str] | None] = {}
     # Every GRID-th size tries every kept variant; a size between two tries the variants whose
     # schedule was fastest at either (engine.py does the same).
-    grid = sorted({*range(0, len(sizes), GRID), len(sizes) - 1})
+    grid, order = evaluation_order(len(sizes))
     fastest: dict[int, str] = {}
-    for i in grid + [i for i in range(len(sizes)) if i not in grid]:
+    for i in order:
         s = sizes[i]
         tried = kept
         if i not in grid:
@@ -434,11 +432,9 @@ def evaluate(topo: ClusterTopology, coll: Collective, sizes: list[int], found: M
                 files[(label, proto)] = render_lowering(
                     found.lowered[label], name=label, proto=proto,
                     nchannels=found.schedules[label].channels)  # fmt: skip
-            try:
-                f = published_estimate(coll, s, topo, files[(label, proto)],
-                                       router=router).time_us  # fmt: skip
-            except MscclFormatError as exc:
-                found.dropped.append(f"{label}/{proto}: {exc}")
+            f = file_time(coll, s, topo, router, files[(label, proto)])
+            if isinstance(f, str):
+                found.dropped.append(f"{label}/{proto}: {f}")
                 continue
             if best is None or f < best[0]:
                 best = (f, label, proto)

@@ -17,12 +17,12 @@ from ..api.common import Collective
 from ..api.plan import Estimate
 from ..model.cost.bounds import lower_bound
 from ..model.cost.protocols import protocol_cost
-from ..model.evaluate import published_estimate
 from ..model.formats.msccl.stream import render_lowering
-from ..model.formats.msccl.writer import MscclFormatError, MscclLowering
+from ..model.formats.msccl.writer import MscclLowering
 from ..model.nccl.default import default_estimate, nccl_graph
 from ..model.schedule.ir import ScheduleArrays
 from ..model.sim.routing import Router
+from .grid import file_time
 
 
 def bound_us(coll: Collective, size: int, topo: ClusterTopology) -> float:
@@ -104,16 +104,6 @@ class References:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool, self._pending = None, {}
-
-
-def file_time(coll: Collective, size: int, topo: ClusterTopology, router: Router,
-               text: str) -> float | str:  # fmt: skip
-    """The file `text` read back and timed as published at `size`; or why the executor cannot
-    run it (MscclFormatError's message)."""
-    try:
-        return published_estimate(coll, size, topo, text, router=router).time_us
-    except MscclFormatError as exc:
-        return str(exc)
 
 
 # The file process' state: (collective, cluster, router, lowerings, schedules, texts rendered).

@@ -1,0 +1,30 @@
+"""Which sizes get the full evaluation, and a file's time as published: shared by the sketch
+engine (engine.py), its side process (side.py) and the single-server meshes (mesh.py)."""
+
+from __future__ import annotations
+
+from ..api.cluster import ClusterTopology
+from ..api.common import Collective
+from ..model.evaluate import published_estimate
+from ..model.formats.msccl.writer import MscclFormatError
+from ..model.sim.routing import Router
+
+GRID = 4  # every GRID-th size (and the last) tries every finalist; sizes between, their winners
+FILE_FINALISTS = 2  # per grid size, the best (variant, protocol)s by schedule timed as files
+
+
+def evaluation_order(n: int) -> tuple[list[int], list[int]]:
+    """Grid sizes' indices (every GRID-th and the last), and every index in evaluation order:
+    the grid first, since a size between grid points is evaluated from its neighbours."""
+    grid = sorted({*range(0, n, GRID), n - 1})
+    return grid, grid + [i for i in range(n) if i not in grid]
+
+
+def file_time(coll: Collective, size: int, topo: ClusterTopology, router: Router,
+              text: str) -> float | str:  # fmt: skip
+    """The file `text` read back and timed as published at `size` (us); or why the executor
+    cannot run it (MscclFormatError's message)."""
+    try:
+        return published_estimate(coll, size, topo, text, router=router).time_us
+    except MscclFormatError as exc:
+        return str(exc)
