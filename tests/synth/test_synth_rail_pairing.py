@@ -31,9 +31,11 @@ def _variants(topo: ClusterTopology, coll: str) -> tuple[dict[str, ScheduleArray
     return res.schedules, res.max_threadblocks
 
 
-def _lowered(arr: ScheduleArrays, budget: int, pairing: str) -> MscclLowering | None:
+def _lowered(arr: ScheduleArrays, budget: int, pairing: str,
+             order: str = "depth") -> MscclLowering | None:  # fmt: skip
     try:
-        low = lower_msccl(arr.to_schedule(), max_threadblocks=budget, pairing=pairing)
+        low = lower_msccl(arr.to_schedule(), max_threadblocks=budget, pairing=pairing,
+                          order=order)  # fmt: skip
         low.require(max_threadblocks=budget)
     except MscclFormatError:
         return None
@@ -94,7 +96,7 @@ def test_engine_times_both_pairings_and_publishes_the_faster(tmp_path: Path) -> 
         base = sr.chosen.removesuffix(" [balanced]")
         times = {}
         for pairing in PAIRINGS:
-            low = _lowered(res.schedules[base], budget, pairing)
+            low = _lowered(res.schedules[base], budget, pairing, "early")  # as the engine does
             assert low is not None
             xml = render_lowering(low, name=base, proto=sr.protocol,
                                   nchannels=res.schedules[base].channels)  # fmt: skip
@@ -155,7 +157,8 @@ def test_a_size_between_two_different_files_is_timed_as_the_file_published() -> 
         if key not in texts:
             low = lower_msccl(res.schedules[sr.chosen].to_schedule(),
                               max_threadblocks=res.max_threadblocks,
-                              pairing="balanced" if sr.chosen.endswith("]") else "forwarding")  # fmt: skip
+                              pairing="balanced" if sr.chosen.endswith("]") else "forwarding",
+                              order="early")  # fmt: skip
             texts[key] = render_lowering(low, name="x", proto=sr.protocol,
                                          nchannels=res.schedules[sr.chosen].channels)  # fmt: skip
         got = published_estimate("allgather", sr.size_bytes, topo, texts[key]).time_us

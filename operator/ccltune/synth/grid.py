@@ -20,6 +20,14 @@ def evaluation_order(n: int) -> tuple[list[int], list[int]]:
     return grid, grid + [i for i in range(n) if i not in grid]
 
 
+def as_protocol(text: str, proto: str) -> str:
+    """A rendered file with `proto` instead of its own: the protocol is one attribute of the
+    `<algo>` line, and the first ` proto="` of the text is it (the name before it is escaped,
+    so it holds no `"`). One lowering is timed with several protocols: rendered once."""
+    at = text.index(' proto="') + len(' proto="')
+    return text[:at] + proto + text[text.index('"', at) :]
+
+
 def file_time(coll: Collective, size: int, topo: ClusterTopology, router: Router,
               text: str) -> float | str:  # fmt: skip
     """The file `text` read back and timed as published at `size` (us); or why the executor

@@ -22,7 +22,7 @@ from ..model.formats.msccl.writer import MscclLowering
 from ..model.nccl.default import default_estimate, nccl_graph
 from ..model.schedule.ir import ScheduleArrays
 from ..model.sim.routing import Router
-from .grid import file_time
+from .grid import as_protocol, file_time
 
 
 def bound_us(coll: Collective, size: int, topo: ClusterTopology) -> float:
@@ -119,6 +119,9 @@ def _adopt_files(coll: Collective, topo: ClusterTopology, router: Router,
 
 def _adopted_file_time(label: str, proto: str, size: int) -> float | str:
     coll, topo, router, lowered, arrs, texts = _FILES_ADOPTED[0]
+    rendered = next((t for (lb, _), t in texts.items() if lb == label), None)
+    if (label, proto) not in texts and rendered is not None:
+        texts[(label, proto)] = as_protocol(rendered, proto)
     if (label, proto) not in texts:
         texts[(label, proto)] = render_lowering(lowered[label], name=label, proto=proto,
                                                 nchannels=arrs[label].channels)  # fmt: skip

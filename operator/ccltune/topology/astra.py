@@ -146,11 +146,13 @@ def from_dimensions(dims: list[Dimension], name: str, gpus_per_node: int | None 
     spec = ClusterSpec(
         name=name, description=note, servers=node_names or servers, gpus_per_server=gpn, intra_node=intra,
         # PCIe is not in ASTRA-sim's format: size it to the first network dimension so it never
-        # becomes the bottleneck the file does not describe.
-        pcie=Pcie(gpus_per_switch=0, cpus=1, latency_us=0.0,
+        # becomes the bottleneck the file does not describe. One switch per GPU and its NIC keeps
+        # GPU-to-GPU routes off PCIe (4 hops through the CPU against the GPU fabric's 2), as
+        # NCCL's P2P takes NVLink between GPUs that have it.
+        pcie=Pcie(gpus_per_switch=1, cpus=1, latency_us=0.0,
                   bandwidth_gbps=max(outer[0].bandwidth_gbps, 31.5) if outer else None), nics=nics,
         network=Network(layout="tor", tiers=tiers),
-        sources={"dimensions": note, "pcie": "not in ASTRA-sim's format: one CPU root, links sized to the first network dimension (at least Gen4 x16)"},
+        sources={"dimensions": note, "pcie": "not in ASTRA-sim's format: a switch per GPU and its NIC under one CPU, links sized to the first network dimension (at least Gen4 x16)"},
     )
     topo = detect(build(spec))
     return topo

@@ -10,6 +10,8 @@ correct schedule, and any set S of ranks whose GPUs sit inside a device set D:
   likewise for bytes that must leave S.
 - S = one rank gives the per-rank bound (its injection bandwidth); S = a block of the fabric
   (a node, a dimension's group) gives a cut bound; the whole cluster gives the aggregate bound.
+  A rank's injection counts only the links some route of sim/routing.py uses (`injection_at`):
+  on a mesh every peer is one NVLink hop away, so no route enters a GPU by its PCIe link.
 - hop latency: data of rank a must reach rank b, through relays if need be; each transfer pays the
   step latency and its path's latency, so T >= the cheapest such route (Dijkstra over the device
   graph where passing through a GPU costs another step).
@@ -39,6 +41,7 @@ from .busbw import busbw_gbps
 from .protocols import PROTOCOL_COSTS, ProtocolCost, canonical_protocol
 
 _FULL_LATENCY_RANKS = 256  # beyond this, the hop-latency bound samples source ranks (still valid)
+_EPS = 1e-9  # routing.Router's tolerance for equal-latency paths
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +67,13 @@ class _Graph:
         nv = len(names)
         self.adj: list[list[tuple[int, float, float]]] = [[] for _ in range(nv)]  # (v, lat, bw)
         self.nvlink: list[set[int]] = [set() for _ in range(nv)]  # neighbours over an NVLink
-        for link in topo.links:
+        self.adj_link: list[list[int]] = [[] for _ in range(nv)]  # topo.links index per adj entry
+        for i, link in enumerate(topo.links):
             a, b = names[link.a], names[link.b]
             self.adj[a].append((b, link.latency_us, link.bandwidth_gbps))
             self.adj[b].append((a, link.latency_us, link.bandwidth_gbps))
+            self.adj_link[a].append(i)
+            self.adj_link[b].append(i)
             if LinkKind(link.kind) == LinkKind.NVLINK:  # as sim/capacity.py nvlink_channels
                 self.nvlink[a].add(b)
                 self.nvlink[b].add(a)
@@ -83,10 +89,7 @@ class _Graph:
                 self.is_gpu[v] = True
         self.vertex_rank = {v: r for r, v in enumerate(self.rank_vertex) if v >= 0}
         self.node_of = {names[d.id]: d.node for d in topo.devices if d.node is not None}
-        self.injection = [sum(bw for _, _, bw in self.adj[v]) if v >= 0 else 0.0
-                          for v in self.rank_vertex]  # fmt: skip
-        self.injection_nvlink = [sum(bw for w, _, bw in self.adj[v] if w in self.nvlink[v])
-                                 if v >= 0 else 0.0 for v in self.rank_vertex]  # fmt: skip
+        self._routed: list[list[int]] | None = None  # per rank: its links some route uses
         self._dist: dict[tuple[float, int], list[float]] = {}
         self._near: dict[tuple[float, int], tuple[float, float]] = {}
         self._between: dict[tuple[float, frozenset[int], bool], float] = {}
@@ -208,8 +211,74 @@ class _Graph:
                    for u in inside for v, _, bw in self.adj[u] if v not in inside)  # fmt: skip
 
     def injection_at(self, r: int, nvlink_efficiency: float) -> float:
-        """Rank r's injection GB/s with its NVLinks at `nvlink_efficiency` of line rate."""
-        return self.injection[r] - (1.0 - nvlink_efficiency) * self.injection_nvlink[r]
+        """GB/s per direction over rank r's links that some route into or out of r uses, its
+        NVLinks at `nvlink_efficiency` of line rate."""
+        if self.rank_vertex[r] < 0:
+            return 0.0
+        if self._routed is None:
+            self._routed = [self.routed_links(r) for r in range(len(self.rank_vertex))]
+        links = self.topo.links
+        return sum(links[i].bandwidth_gbps
+                   * (nvlink_efficiency if LinkKind(links[i].kind) == LinkKind.NVLINK else 1.0)
+                   for i in self._routed[r])  # fmt: skip
+
+    def routed_links(self, r: int) -> list[int]:
+        """Indices in topo.links of rank r's links that some simulated route may use.
+
+        sim/routing.py routes a transfer on a shortest path by hop count, then latency, never
+        through a third GPU, choosing only among such paths. Links are full duplex with one
+        latency, so the routes into r are the routes out of r reversed: a link of r is used iff
+        it starts a shortest path from r to another rank. A GPU-to-GPU link is such a path
+        (one hop), so the search runs for ranks with one (meshes, bridged pairs); the others
+        keep every link, a weaker bound that is still true (docs/cost-model.md says where the
+        search would find more)."""
+        v = self.rank_vertex[r]
+        if v < 0:
+            return []
+        if not any(self.is_gpu[w] for w, _, _ in self.adj[v]):
+            return list(self.adj_link[v])
+        return self.links_on_routes(r)
+
+    def links_on_routes(self, r: int) -> list[int]:
+        """`routed_links` without the shortcut: searched for every rank."""
+        v = self.rank_vertex[r]
+        adj = self.adj[v]
+        # Layered search as routing.Router._tree: per vertex its (hops, latency) and the tight
+        # predecessors; GPUs other than r end a path.
+        inf = float("inf")
+        lat: dict[int, float] = {v: 0.0}
+        preds: dict[int, list[int]] = {}
+        frontier = [v]
+        while frontier:
+            best: dict[int, float] = {}
+            cands: list[tuple[int, int, float]] = []
+            for u in frontier:
+                if u != v and self.is_gpu[u]:
+                    continue
+                for w, link_lat, _ in self.adj[u]:
+                    if w in lat:
+                        continue
+                    c = lat[u] + link_lat
+                    cands.append((u, w, c))
+                    if c < best.get(w, inf):
+                        best[w] = c
+            for u, w, c in cands:
+                if c <= best[w] + _EPS * max(1.0, best[w]):
+                    preds.setdefault(w, []).append(u)
+            lat.update(best)
+            frontier = list(best)
+        # Vertices on some tight path to another rank's GPU.
+        on_route: set[int] = set()
+        todo = [w for w in (self.rank_vertex[t] for t in range(len(self.rank_vertex)) if t != r)
+                if w in lat]  # fmt: skip
+        while todo:
+            w = todo.pop()
+            if w in on_route or w == v:
+                continue
+            on_route.add(w)
+            todo.extend(preds.get(w, ()))
+        return [self.adj_link[v][j] for j, (w, link_lat, _) in enumerate(adj)
+                if w in on_route and link_lat <= lat[w] + _EPS * max(1.0, lat[w])]  # fmt: skip
 
 
 _CACHE: dict[int, tuple[ClusterTopology, _Graph]] = {}

@@ -24,7 +24,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ....api.common import Collective
-from ...schedule.check import ScheduleError, topological_order
 from ...schedule.ir import Schedule, Transfer
 from .executor import (
     READS_SRC,
@@ -83,6 +82,7 @@ class _Read:
     sent: dict[int, list[Value]]  # what the proof found each send carries
     combined: set[int]
     result: ReadBack
+    senders: tuple[int, ...]  # per transfer of `result`: the uid of the step that sends it
 
 
 # The last files read, keyed by their text without the protocol: synthesis times one lowering
@@ -118,17 +118,18 @@ def read_msccl(text: str) -> ReadBack:
     for inplace, claim in ((False, "outofplace"), (True, "inplace")):
         if int(attrs[claim]):
             sent, combined = prove(prog, order, before, lay, inplace)
-    out = _result(attrs, prog, order, preds, before, sent, combined, c, root)
+    out, senders = _result(attrs, prog, order, preds, before, sent, combined, c, root)
     if len(_READS) >= _READS_MAX:
         _READS.pop(next(iter(_READS)))
-    _READS[key] = _Read(attrs, prog, tuple(x.uid for x in order), sent, combined, out)
+    _READS[key] = _Read(attrs, prog, tuple(x.uid for x in order), sent, combined, out, senders)
     return out
 
 
 def _result(attrs: dict[str, str], prog: Program, order: list[XStep],
                preds: list[list[XStep]], before: Callable[[int, int], bool],
                sent: dict[int, list[Value]], combined: set[int], c: int,
-               root: int) -> ReadBack:  # fmt: skip
+               root: int) -> tuple[ReadBack, tuple[int, ...]]:  # fmt: skip
+    """The ReadBack, and the uid of each transfer's sending step."""
     transfers, ends = _transfers(prog, order, preds, before, sent, combined)
     sched = Schedule(
         name=attrs["name"],
@@ -149,7 +150,7 @@ def _result(attrs: dict[str, str], prog: Program, order: list[XStep],
         column(x.tb for x, _ in ends), column(rx.tb for _, rx in ends),
         column(x.idx for x, _ in ends), column(rx.idx for _, rx in ends),
         np.array([len(g) for g in prog.tbs], dtype=np.int32),
-    )  # fmt: skip
+    ), tuple(x.uid for x, _ in ends)  # fmt: skip
 
 
 def _same_but_protocol(seen: _Read | None, head: str) -> ReadBack | None:
@@ -158,7 +159,8 @@ def _same_but_protocol(seen: _Read | None, head: str) -> ReadBack | None:
     the first did not). With the same completion order the transfers are the same and only the
     schedule's protocol differs. With another order the proof still holds: it found every two
     accesses of a slot ordered by happens-before, which no order changes, so every order reads
-    the same values; only the transfers, numbered in completion order, are made again."""
+    the same values; and so do the transfers (`_renumbered`): only their numbering, in
+    completion order, changes."""
     got = _PROTO_ATTR.search(head)
     if seen is None or got is None or got.group(1) not in PROTOCOLS:
         return None  # the full read reports what is wrong
@@ -168,13 +170,37 @@ def _same_but_protocol(seen: _Read | None, head: str) -> ReadBack | None:
                                          int(attrs["nchunksperloop"])))  # fmt: skip
     rb = seen.result
     if tuple(x.uid for x in order) != seen.order:
-        preds = prog.preds()
-        before = Reach(preds, {x.uid: i for i, x in enumerate(order)}).before
-        s = rb.schedule
-        return _result({**attrs, "proto": proto}, prog, order, preds, before, seen.sent,
-                          seen.combined, s.chunks_per_rank, s.root)  # fmt: skip
+        return _renumbered(seen, order, proto)
     sched = replace(rb.schedule, protocol=proto, transfers=list(rb.schedule.transfers))
     return replace(rb, schedule=sched)
+
+
+def _renumbered(seen: _Read, order: list[XStep], proto: str) -> ReadBack:
+    """`seen`'s read-back with its transfers numbered in completion order `order`, as
+    `_transfers` numbers them: sends in that order, each send's runs in chunk order. Nothing
+    else in `_transfers` depends on the order: a step's nearest receives and sends follow the
+    happens-before edges, `before` is happens-before (its pruning by position holds in any
+    order the executor can complete), and whether the write-after-read orderings close a cycle
+    is a property of the graph, not of its numbering."""
+    rb = seen.result
+    runs: dict[int, list[int]] = {}  # send uid -> its transfers in `seen`
+    for i, uid in enumerate(seen.senders):
+        runs.setdefault(uid, []).append(i)
+    old = [i for x in order if x.type in SEND_TYPES for i in runs.get(x.uid, ())]
+    new = [0] * len(old)
+    for j, i in enumerate(old):
+        new[i] = j
+    was = rb.schedule.transfers
+    transfers = [
+        Transfer(t.src, t.dst, t.chunk, t.count, t.reduce, tuple(sorted([new[d] for d in t.deps])),
+                 t.channel)
+        for t in (was[i] for i in old)
+    ]  # fmt: skip
+    at = np.array(old, dtype=np.int64)
+    return ReadBack(
+        replace(rb.schedule, protocol=proto, transfers=transfers), rb.chunks_per_loop,
+        rb.send_tb[at], rb.recv_tb[at], rb.send_step[at], rb.recv_step[at], rb.threadblocks,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- parsing
@@ -459,28 +485,46 @@ def _transfers(
         got_before[u], sent_before[u] = gb, sb
         got[u] = mine[snd.uid] if snd is not None else gb
         put[u] = mine.get(u, sb)
-    deps: list[set[int]] = []
-    war: list[set[int]] = []
+    deps: list[frozenset[int]] = []
+    both: list[frozenset[int]] = []  # deps and write-after-read orderings
     receiver_of = prog.receiver_of
     recv_of_raw = [receiver_of[x.uid].uid for x, _, _, _ in raw]
-    for x, _, _, _ in raw:
-        r_uid = receiver_of[x.uid].uid
+    for i, (x, _, _, _) in enumerate(raw):
+        r_uid = recv_of_raw[i]
         # a fused step (rcs, rrs, rrcs) forwards what it receives: its own receive comes first
-        deps.append(set(got[x.uid] | got_before[r_uid]))
-        earlier = sent_before[x.uid] | sent_before[r_uid]
-        war.append({t for t in earlier if not before(x.uid, recv_of_raw[t])})
+        dep = got[x.uid] | got_before[r_uid]
+        # an earlier send already in `dep` stays whatever `before` says: not asked
+        earlier = (sent_before[x.uid] | sent_before[r_uid]) - dep
+        war = {t for t in earlier if not before(x.uid, recv_of_raw[t])}
+        deps.append(dep - {i})
+        both.append((dep | war) - {i} if war else deps[-1])
+    # the write-after-read orderings may close a cycle: then only the real ones are kept
+    chosen = both if _acyclic(both) else deps
     out = [
-        Transfer(x.gpu, x.send, k, cnt, red, tuple(sorted((deps[i] | war[i]) - {i})), x.chan)
+        Transfer(x.gpu, x.send, k, cnt, red, tuple(sorted(chosen[i])), x.chan)
         for i, (x, k, cnt, red) in enumerate(raw)
     ]
-    try:  # only the dependency graph matters to topological_order
-        topological_order(Schedule("probe", Collective.ALLGATHER, 1, 1, out))
-    except ScheduleError:  # the write-after-read orderings closed a cycle: keep only the real ones
-        out = [
-            Transfer(x.gpu, x.send, k, cnt, red, tuple(sorted(deps[i] - {i})), x.chan)
-            for i, (x, k, cnt, red) in enumerate(raw)
-        ]
     return out, [(x, prog.receiver_of[x.uid]) for x, _, _, _ in raw]
+
+
+def _acyclic(deps: list[frozenset[int]]) -> bool:
+    """Whether transfers with these dependencies have a topological order (Kahn's count, as
+    schedule.check.topological_order, without building the schedule first)."""
+    indeg = [len(d) for d in deps]
+    succ: list[list[int]] = [[] for _ in deps]
+    for i, d in enumerate(deps):
+        for j in d:
+            succ[j].append(i)
+    ready = [i for i, k in enumerate(indeg) if k == 0]
+    done = 0
+    while ready:
+        u = ready.pop()
+        done += 1
+        for v in succ[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    return done == len(deps)
 
 
 def _consecutive(chunks: list[int]) -> Iterator[tuple[int, int]]:

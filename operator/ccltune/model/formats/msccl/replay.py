@@ -33,11 +33,19 @@ class Reach:
 
     def __init__(self, preds: list[list[XStep]], pos: dict[int, int]) -> None:
         self.preds, self.pos = preds, pos
+        # A step of cnt slots asks about the same pair once per slot (64 on 512-GPU bundles).
+        self._known: dict[tuple[int, int], bool] = {}
 
     def before(self, a: int, b: int) -> bool:
         pa = self.pos[a]
         if a == b or pa >= self.pos[b]:
             return False
+        known = self._known.get((a, b))
+        if known is None:
+            known = self._known[(a, b)] = self._search(a, b, pa)
+        return known
+
+    def _search(self, a: int, b: int, pa: int) -> bool:
         seen, stack = {b}, [b]
         while stack:
             for p in self.preds[stack.pop()]:

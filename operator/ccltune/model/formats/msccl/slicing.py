@@ -141,8 +141,7 @@ def with_slices(shape: ScheduleArrays, rb: ReadBack, sl: Slicing) -> ScheduleArr
 def structure(rb: ReadBack, sl: Slicing, k: int) -> ScheduleArrays:
     """The k-iteration schedule's transfers and dependencies (counts: the file's own); it
     depends on the size only through `sl.protocol` and `sl.max_allowed_count`."""
-    base = ScheduleArrays.from_schedule(rb.schedule)
-    n = len(base)
+    base = _arrays(rb)
     if k < 1:
         raise ValueError(f"k={k} iterations: at least 1")
     nranks = base.nranks
@@ -160,32 +159,10 @@ def structure(rb: ReadBack, sl: Slicing, k: int) -> ScheduleArrays:
         int(base.channel.max()) + 1
     ) + base.channel
     _, conn_id = np.unique(conn, return_inverse=True)
-    slots = CHUNK_SLOTS[sl.protocol] * np.fromiter(
-        (sl.calls(int(c)) for c in base.count), dtype=np.int64, count=n
-    )
-    per_conn = np.bincount(conn_id, weights=slots).astype(np.int64)
+    calls = -(-base.count.astype(np.int64) // sl.max_allowed_count)  # Slicing.calls, per step
+    per_conn = np.bincount(conn_id, weights=CHUNK_SLOTS[sl.protocol] * calls).astype(np.int64)
     depth = np.maximum(1, NCCL_STEPS // np.maximum(per_conn, 1))[conn_id]
-
-    own = np.diff(base.dep_ptr)
-    rows: list[np.ndarray] = []  # per iteration: (owner, dep) edge pairs, global ids
-    owner0 = np.repeat(np.arange(n, dtype=np.int64), own)
-    for j in range(k):
-        off = j * n
-        parts = [np.stack([owner0 + off, base.dep_idx + off], axis=1)]
-        if j:
-            for col in range(2):
-                has = prev[:, col] >= 0
-                parts.append(np.stack([np.flatnonzero(has) + off,
-                                       prev[has, col] + off - n], axis=1))  # fmt: skip
-        fifo = np.flatnonzero(depth <= j) if j else np.zeros(0, dtype=np.int64)
-        if len(fifo):
-            parts.append(np.stack([fifo + off, fifo + off - depth[fifo] * n], axis=1))
-        rows.append(np.concatenate(parts))
-    edges = np.concatenate(rows)
-    key = np.unique(edges[:, 0] * (n * k) + edges[:, 1])
-    owner, dep = key // (n * k), key % (n * k)
-    ptr = np.zeros(n * k + 1, dtype=np.int64)
-    np.cumsum(np.bincount(owner, minlength=n * k), out=ptr[1:])
+    ptr, dep = _sliced_deps(base, prev, depth, k)
     out = ScheduleArrays(
         name=f"{base.name} x{k} slices",
         collective=base.collective,
@@ -209,6 +186,63 @@ def structure(rb: ReadBack, sl: Slicing, k: int) -> ScheduleArrays:
         # names both the sending threadblock, as (src, tb), and the receiving one, as (dst, tb).
         out.tb = np.tile(conn_id, k).astype(np.int32)
     return out
+
+
+# The last read-backs' transfers as arrays: `structure` is asked for one file at every size.
+# Held with the read-back itself, so that the id stays its own.
+_ARRAYS: dict[int, tuple[ReadBack, ScheduleArrays]] = {}
+_ARRAYS_MAX = 4  # the files one size times
+
+
+def _arrays(rb: ReadBack) -> ScheduleArrays:
+    hit = _ARRAYS.get(id(rb))
+    if hit is None or hit[0] is not rb:
+        if len(_ARRAYS) >= _ARRAYS_MAX:
+            _ARRAYS.pop(next(iter(_ARRAYS)))
+        hit = _ARRAYS[id(rb)] = (rb, ScheduleArrays.from_schedule(rb.schedule))
+    return hit[1]
+
+
+def _sliced_deps(base: ScheduleArrays, prev: np.ndarray, depth: np.ndarray,
+                 k: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """dep_ptr and dep_idx of the k-iteration schedule (transfer j*n + i: transfer i of iteration
+    j), each transfer's deps ascending and distinct: in iteration j, the file's deps (moved to
+    iteration j), after them nothing; before them, from earlier iterations, the threadblock's
+    last send and last receive of iteration j-1 (`prev`) and the same transfer `depth`
+    iterations back (FIFO room). Those point below j*n and the file's deps at or above it, so
+    each transfer's list is the earlier ones sorted, then the file's: no sort over all k*n."""
+    n = len(base)
+    own = np.diff(base.dep_ptr)
+    owner0 = np.repeat(np.arange(n, dtype=np.int64), own)
+    key0 = owner0 * n + base.dep_idx
+    if len(key0) > 1 and not (key0[1:] > key0[:-1]).all():  # the reader's are sorted already
+        key0 = np.unique(key0)  # the file's deps, sorted and distinct
+    file_owner, file_dep = key0 // n, key0 % n
+    file_per = np.bincount(file_owner, minlength=n)
+    file_rank = np.arange(len(key0)) - (np.cumsum(file_per) - file_per)[file_owner]
+    missing = np.iinfo(np.int64).max
+    per_it: list[np.ndarray] = []  # earlier deps per transfer, sorted, `missing`-padded
+    for j in range(k):
+        early = np.full((n, 3), missing, dtype=np.int64)
+        if j:
+            base_j = (j - 1) * n
+            for col in range(2):
+                early[:, col] = np.where(prev[:, col] >= 0, prev[:, col] + base_j, missing)
+            early[:, 2] = np.where(depth <= j, np.arange(n) + (j - depth) * n, missing)
+            early.sort(axis=1)
+            early[:, 1:][early[:, 1:] == early[:, :-1]] = missing
+            early.sort(axis=1)
+        per_it.append(early)
+    kept = [e != missing for e in per_it]
+    counts = np.concatenate([m.sum(axis=1) + file_per for m in kept])
+    ptr = np.zeros(n * k + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    dep = np.empty(int(ptr[-1]), dtype=np.int64)
+    for j, (early, m) in enumerate(zip(per_it, kept, strict=True)):
+        start = ptr[j * n : (j + 1) * n]
+        dep[(start[:, None] + np.arange(3))[m]] = early[m]
+        dep[start[file_owner] + m.sum(axis=1)[file_owner] + file_rank] = file_dep + j * n
+    return ptr, dep
 
 
 def threadblocks(rb: ReadBack) -> int:

@@ -36,6 +36,12 @@ Lowering decisions:
   behind the receive it does not need (a one-step allgather became two steps deep). Ordering
   by the engine's simulated times instead was tried: 1.5-2x better on merged threadblocks for
   AllReduce, 3x worse for AllGather once slicing was modelled, so depth it is.
+  `order="early"` (what the engine lowers) then moves, within a threadblock pairing a send
+  stream with a receive stream, each send that waits for nothing outside its threadblock ahead
+  of the receives it does not depend on, at most FIFO_CHUNKS chunks ahead (`_sends_early`):
+  in depth order such a threadblock alternates send and receive, and each send waits for the
+  receive before it. The executor's blocking rules are run on the result (`_deadlocks`); one
+  that would deadlock is lowered in depth order instead.
 - A schedule made of N translates of root 0's transfers (frames.py) is lowered in each rank's
   frame: steps keyed by the orbit, threadblocks and merge ties by relative peer, fusion within
   one translation block, so rank r's part is rank 0's translated (the simulator then times the
@@ -86,6 +92,11 @@ PROTOCOLS = ("Simple", "LL", "LL128")
 # h800-rail-64 AllGather, 64 MiB: 844 vs 472 us; the relay p1x2 file: 495 vs 515 us), so the
 # engine times both files (docs/synthesis.md, "h800-rail-64 against the bound").
 PAIRINGS = ("forwarding", "balanced")
+# The order of steps within a threadblock (`_assign`): "depth" (the global key: dependency depth,
+# sends first at a depth) or "early" (`_sends_early`: sends that wait for nothing outside their
+# threadblock ahead of receives, within the FIFO). "early" is checked by running the file's
+# threadblocks as the executor does; one that would deadlock is lowered in "depth" order instead.
+ORDERS = ("depth", "early")
 SPLIT_ROUNDS = 4  # lowerings after the first while splitting connections over MAX_STEPS
 SEND_TYPES = {"s", "rcs", "rrs", "rrcs"}
 RECV_TYPES = {"r", "rcs", "rrs", "rrc", "rrcs"}
@@ -251,7 +262,8 @@ def to_msccl_xml(
 
 
 def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None,
-                max_steps: int = MAX_STEPS, pairing: str = "forwarding") -> MscclLowering:  # fmt: skip
+                max_steps: int = MAX_STEPS, pairing: str = "forwarding",
+                order: str = "depth") -> MscclLowering:  # fmt: skip
     """Every rank's threadblocks and steps as the file would hold them (nothing rendered), with
     at most `max_threadblocks` per rank (default: the executor's limit; MscclFormatError when
     the streams cannot be merged that far).
@@ -262,23 +274,29 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None,
     own with its own threadblocks. Dependencies are the same steps'; only which threadblock
     runs them changes. Splitting stops when it would need more than the executor's channels or
     the SM budget; the result then still breaks `max_steps` (`require` says so).
-    `pairing`: which streams share a threadblock over the budget (PAIRINGS)."""
+    `pairing`: which streams share a threadblock over the budget (PAIRINGS); `order`: the
+    steps' order within a threadblock (ORDERS; `.order` says which one the result has)."""
     if pairing not in PAIRINGS:
         raise ValueError(f"pairing {pairing!r} is not one of {', '.join(PAIRINGS)}")
+    if order not in ORDERS:
+        raise ValueError(f"order {order!r} is not one of {', '.join(ORDERS)}")
     check_schedule(schedule)
     # Lowering allocates millions of objects and forms no reference cycles (steps point only
     # at earlier steps), so the cyclic collector only rescans them: paused while it runs.
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _split_lowering(schedule, max_threadblocks, max_steps, pairing)
+        low = _split_lowering(schedule, max_threadblocks, max_steps, pairing, order)
+        if low.order == "early" and _deadlocks(low):
+            low = _split_lowering(schedule, max_threadblocks, max_steps, pairing, "depth")
+        return low
     finally:
         if paused:
             gc.enable()
 
 
 def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps: int,
-                    pairing: str) -> MscclLowering:  # fmt: skip
+                    pairing: str, order: str = "depth") -> MscclLowering:  # fmt: skip
     used = 1 + max((t.channel for t in schedule.transfers), default=0)
     cap = MAX_THREADBLOCKS if max_threadblocks is None else max_threadblocks
     parts: dict[tuple[int, int, int], int] = {}
@@ -288,11 +306,11 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps:
         orbit = frames
 
         def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
-            return _lower_orbit(schedule, max_threadblocks, orbit, parts, used, pairing)
+            return _lower_orbit(schedule, max_threadblocks, orbit, parts, used, pairing, order)
     else:
 
         def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
-            return _lower(schedule, max_threadblocks, parts, used, pairing)
+            return _lower(schedule, max_threadblocks, parts, used, pairing, order)
 
     low = lower(parts)
     for _ in range(SPLIT_ROUNDS):
@@ -317,7 +335,7 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps:
 
 
 def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int, int], int],
-           used: int, pairing: str = "forwarding") -> MscclLowering:  # fmt: skip
+           used: int, pairing: str = "forwarding", tb_order: str = "depth") -> MscclLowering:  # fmt: skip
     """`lower_msccl` with the connections (src, dst, chan) in `parts` split in that many."""
     coll = Collective(s.collective)
     lay = _Layout(coll, s.nranks, s.chunks_per_rank, s.root)
@@ -400,7 +418,8 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
             steps.append(cp)
 
     fed = _rank_preds(s, steps, steps_of)
-    return _assign(s, steps, lay, scratch, max_threadblocks, fed, frames, pairing=pairing)
+    return _assign(s, steps, lay, scratch, max_threadblocks, fed, frames, pairing=pairing,
+                   tb_order=tb_order)  # fmt: skip
 
 
 def _step_order(s: Schedule, frames: Frames | None) -> tuple[list[int], list[int], list[int]]:
@@ -423,7 +442,7 @@ def _step_order(s: Schedule, frames: Frames | None) -> tuple[list[int], list[int
 
 def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
                  parts: dict[tuple[int, int, int], int], used: int,
-                 pairing: str = "forwarding") -> MscclLowering:  # fmt: skip
+                 pairing: str = "forwarding", tb_order: str = "depth") -> MscclLowering:  # fmt: skip
     """`_lower` of a schedule every frame map sends to itself (frames.translates_exactly):
     rank 0's steps only, then every rank's as rank 0's translated. Each orbit has one send
     (src 0) and one receive (dst 0) on rank 0, with the same key; the receive of rank 0's
@@ -507,7 +526,7 @@ def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
         steps.append(cp)
 
     fed = _rank_preds(s, steps, steps_of, [0])
-    one = _assign(s, steps, lay, [scratch], max_threadblocks, fed, frames, [0], pairing)
+    one = _assign(s, steps, lay, [scratch], max_threadblocks, fed, frames, [0], pairing, tb_order)
     return moved.lowering(one, scratch)
 
 
@@ -584,7 +603,8 @@ class _Mover:
                     out.append((kind, twin, dep))
                 items[tb] = out
             items_of.append(items)
-        return MscclLowering(s, one.layout, scratches, tb_meta, items_of, one.channels_used)
+        return MscclLowering(s, one.layout, scratches, tb_meta, items_of, one.channels_used,
+                             order=one.order)  # fmt: skip
 
 
 def _split(steps: list[_Step], parts: dict[tuple[int, int, int], int], used: int) -> None:
@@ -828,6 +848,65 @@ def _merge(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
     return out
 
 
+def _deadlocks(low: MscclLowering) -> bool:
+    """Whether the executor's threadblocks would block each other on this lowering (FIFO
+    slots at the largest size: one Simple chunk per primitive call, formats/msccl/executor.py)."""
+    from .executor import CHUNK_SLOTS, Program, XStep, execute  # executor imports this module
+
+    tbs: list[list[list[XStep]]] = []
+    for r, items in enumerate(low.items_of):
+        gpu: list[list[XStep]] = []
+        for tb, (p, q, chan) in enumerate(low.tb_meta[r]):
+            lst = items.get(tb, [])
+            gpu.append([XStep(r, tb, i, *(("nop", "i", -1, "o", -1, 0) if st is None else
+                                         (st.type, *st.src, *st.dst, st.cnt)),
+                              *((dep.tb, dep.index) if dep is not None else (-1, -1)),
+                              int(st is not None and st.hasdep), chan, p, q)
+                        for i, (_, st, dep) in enumerate(lst)])  # fmt: skip
+        tbs.append(gpu)
+    try:
+        execute(Program.wire(tbs), lambda x: x.cnt * CHUNK_SLOTS["Simple"])
+    except MscclFormatError:
+        return True
+    return False
+
+
+def _sends_early(members: list[_Step]) -> list[_Step]:
+    """A threadblock's steps (in key order) with every send that waits for nothing outside it
+    moved ahead of the receives it does not depend on, while its sends stay at most
+    FIFO_CHUNKS chunks ahead of its receives. Sends keep their order, receives theirs (each
+    still meets its peer's k-th step). Why: in key order a threadblock pairing a send stream
+    with a receive stream alternates them, and each send then waits for the receive before
+    it and pays its step latency again; moved ahead, it runs while the receive is in flight.
+    A send that waits for another threadblock stays where it is: moved ahead, it would hold
+    back the receives behind it until that threadblock is done."""
+    sends = [x for x in members if x.stream[0] == "send"]
+    rest = [x for x in members if x.stream[0] != "send"]
+    if not sends or not rest:
+        return members
+    mine = {x.stream for x in rest}
+    got: dict[Stream, int] = defaultdict(int)  # receives placed, per stream
+    out: list[_Step] = []
+    ahead = si = ri = 0  # send chunks placed minus receive chunks placed
+    while si < len(sends) or ri < len(rest):
+        x = sends[si] if si < len(sends) else None
+        if x is not None and (ri == len(rest) or x.key < rest[ri].key or (
+                ahead + x.cnt <= FIFO_CHUNKS
+                and all(p.tb == x.tb for p in x.preds)
+                and all(got[q] > i for q, i in x.after.items() if q in mine))):  # fmt: skip
+            out.append(x)
+            ahead += x.cnt
+            si += 1
+            continue
+        y = rest[ri]
+        out.append(y)
+        if y.stream[0] == "recv":
+            got[y.stream] += 1
+            ahead -= y.cnt
+        ri += 1
+    return out
+
+
 def _ancestry(steps: list[_Step]) -> None:
     """Set `after` on a rank's steps: per receive stream, the position of the last of its
     receives each step depends on (through the rank's own dependencies)."""
@@ -878,6 +957,7 @@ class MscclLowering:
     items_of: list[dict[int, list[Item]]]  # per rank: threadblock -> its steps in order
     channels_used: int
     split_connections: int = 0  # connections dealt over more channels (`lower_msccl`)
+    order: str = "depth"  # "early" when `_sends_early` moved a send on some rank (ORDERS)
 
     def channels(self, nchannels: int | None) -> int:
         """The file's nchannels: as asked, widened to the channels split connections took."""
@@ -988,7 +1068,8 @@ class MscclLowering:
 
 def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[int, int]],
             budget: int | None, fed: list[Fed], frames: Frames | None = None,
-            ranks: list[int] | None = None, pairing: str = "forwarding") -> MscclLowering:  # fmt: skip
+            ranks: list[int] | None = None, pairing: str = "forwarding",
+            tb_order: str = "depth") -> MscclLowering:  # fmt: skip
     """Threadblocks per rank, each one's steps in order with the nops its dependencies need
     (`ranks`: only these, holding all of `steps`, and `fed` in their order)."""
     ranks = list(range(s.nranks)) if ranks is None else ranks
@@ -1005,6 +1086,7 @@ def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[in
     tb_meta: list[list[tuple[int, int, int]]] = []
     items_of: list[dict[int, list[Item]]] = []
     used_chan = 0
+    early = False
     for r in ranks:
         tb_of, tb_list = placed[r]
         used_chan = max([used_chan, *(c + 1 for _, _, c in tb_list)])
@@ -1016,6 +1098,10 @@ def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[in
         items: dict[int, list[Item]] = {}
         for tb, members in per_tb.items():
             members.sort(key=lambda x: x.key)
+            if tb_order == "early":
+                moved = _sends_early(members)
+                early |= moved != members
+                members[:] = moved
             for i, st in enumerate(members):
                 st.index = i  # provisional: position among real steps
             items[tb] = []
@@ -1046,8 +1132,9 @@ def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[in
             for i, (_, real, _) in enumerate(lst):
                 if real is not None:
                     real.index = i
-    return MscclLowering(s, lay, scratch, tb_meta, items_of, used_chan)
+    return MscclLowering(s, lay, scratch, tb_meta, items_of, used_chan,
+                         order="early" if early else "depth")  # fmt: skip
 
 
-__all__ = ["PAIRINGS", "MscclFormatError", "MscclLowering", "ScheduleError", "lower_msccl",
-           "to_msccl_xml"]
+__all__ = ["ORDERS", "PAIRINGS", "MscclFormatError", "MscclLowering", "ScheduleError",
+           "lower_msccl", "to_msccl_xml"]
