@@ -70,3 +70,30 @@ def test_deadline_stops_the_side_processes() -> None:
     with pytest.raises(engine.SynthesisDeadline):
         synthesize(topo, Collective.ALLGATHER, SIZES, time_budget_s=1e-9, workers=2)
     assert not multiprocessing.active_children()
+
+
+def test_files_are_timed_here_when_this_process_is_already_large(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Above FILES_APART_MAX_RSS no second process times files (its read-backs would double the
+    memory); every number and file is the same as with the process."""
+    topo = make_cluster(4, 2, "nvswitch", nvlink=200.0, nic_gbps=100.0)
+    coll = Collective.ALLGATHER
+    started: list[object] = []
+    real = side.side_process
+    monkeypatch.setattr(side, "side_process", lambda *a: started.append(a[0]) or real(*a))
+    monkeypatch.setattr(side, "FILES_APART_MAX_RSS", 1 << 62)  # a long test run is large itself
+    two = synthesize(topo, coll, SIZES, out_dir=tmp_path / "two", max_threadblocks=4, workers=2)
+    assert side._adopt_files in started  # the comparison below has a second process to lose
+    started.clear()
+    monkeypatch.setattr(side, "FILES_APART_MAX_RSS", 0)
+    here = synthesize(topo, coll, SIZES, out_dir=tmp_path / "here", max_threadblocks=4, workers=2)
+    assert side._adopt_files not in started and side._adopt in started  # references still apart
+    assert _numbers(two) == _numbers(here)
+    assert _files(tmp_path / "two") == _files(tmp_path / "here")
+
+
+def test_resident_bytes_is_this_process_memory() -> None:
+    before = side.resident_bytes()
+    block = bytearray(64 << 20)
+    block[:: 4096] = b"x" * len(block[:: 4096])  # touch every page
+    assert side.resident_bytes() >= before + (48 << 20)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import resource
 import sys
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -128,6 +129,25 @@ def _adopted_file_time(label: str, proto: str, size: int) -> float | str:
     return file_time(coll, size, topo, router, texts[(label, proto)])
 
 
+# A forked process shares this one's pages until either writes them, and each process keeps the
+# arrays of the files it reads back (~0.7 GB for a 512-rank file). h800-rail-512 ReduceScatter
+# forked at 732 MB resident and the two reached 2,165 MB PSS (2,060 with gc.freeze() before the
+# fork), for no wall gain (215 s with one process or two; BENCHMARKS.md "Session 6"). Above this
+# resident size the files are timed in this process, so a synthesis stays within issue 18's
+# 2 GB. A measured rule, not a derived one: only 512-GPU rows reach it (BENCHMARKS.md "Session 7").
+FILES_APART_MAX_RSS = 512 << 20
+
+
+def resident_bytes() -> int:
+    """This process' resident set now (Linux), else its peak so far (a conservative stand-in)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
 class FilesApart:
     """Files timed in a second process. Reading a file back is most of a file's cost and is
     cached per process, so the files are shared out whole: by variant where the look ahead
@@ -135,7 +155,8 @@ class FilesApart:
     reuses the parse), else by protocol; this process keeps the first, the other the second,
     and so on. The other's share is queued in order at once; any later size of its files is
     asked for when needed. The times are the same code's on the same file, so nothing depends
-    on `workers` (tests/synth/test_synth_speed_workers.py)."""
+    on `workers` (tests/synth/test_synth_speed_workers.py). No process is started when this one
+    is already large (FILES_APART_MAX_RSS)."""
 
     def __init__(self, coll: Collective, topo: ClusterTopology, router: Router,
                  lowered: dict[str, MscclLowering], arrs: dict[str, ScheduleArrays],
@@ -145,6 +166,8 @@ class FilesApart:
         self._theirs = set(units[1::2])
         self._pool: ProcessPoolExecutor | None = None
         self._pending: dict[tuple[str, str, int], Future[float | str]] = {}
+        if self._theirs and resident_bytes() > FILES_APART_MAX_RSS:
+            self._theirs = set()  # handles() is False: every file is timed in this process
         if self._theirs:
             self._pool = side_process(_adopt_files, coll, topo, router, lowered, arrs)
             for lb, pr, s in ahead:
