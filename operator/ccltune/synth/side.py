@@ -130,7 +130,7 @@ def _adopted_file_time(label: str, proto: str, size: int) -> float | str:
 
 
 # A forked process shares this one's pages until either writes them, and each process keeps the
-# arrays of the files it reads back (~0.7 GB for a 512-rank file). h800-rail-512 ReduceScatter
+# arrays of the files it reads back (the second process added ~0.7 GB on a 512-rank row). h800-rail-512 ReduceScatter
 # forked at 732 MB resident and the two reached 2,165 MB PSS (2,060 with gc.freeze() before the
 # fork), for no wall gain (215 s with one process or two; BENCHMARKS.md "Session 6"). Above this
 # resident size the files are timed in this process, so a synthesis stays within issue 18's
