@@ -36,7 +36,7 @@ def test_early_order_takes_the_mix_file_to_its_schedule() -> None:
     arr = variants("allgather")[MIX]
     router = Router(topo)
     times = {}
-    for order in ORDERS:
+    for order in (o for o in ORDERS if o != "timed"):  # timed: test_synth_rail_timed.py
         low = lower_msccl(arr.to_schedule(), max_threadblocks=BUDGET, order=order)
         low.require(max_threadblocks=BUDGET)
         assert low.order == order  # sends were moved, and the result does not deadlock

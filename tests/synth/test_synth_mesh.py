@@ -90,7 +90,9 @@ def test_variants_are_correct_and_fit_the_executor(coll: Collective) -> None:
     assert found.schedules
     for label, arr in list(found.schedules.items()):
         assert arr.collective == coll and arr.nranks == 4
-        check_schedule(arr.to_schedule())  # every chunk delivered / reduced, no write races
+        # every chunk delivered / reduced, no write races (scratch variants: reduces land in
+        # slots of their own, added by the file's `re` chains, so they commute)
+        check_schedule(arr.to_schedule(), reduces_commute="/scratch" in label)
         if found.fits(label):
             assert found.lowered[label].threadblocks <= 8, label
         else:

@@ -14,12 +14,13 @@ from ccltune.model.formats.msccl.limits import MAX_STEPS
 from ccltune.model.formats.msccl.reader import read_msccl
 from ccltune.model.formats.msccl.stream import render_lowering
 from ccltune.model.formats.msccl.writer import (
-    PAIRINGS,
     MscclFormatError,
     MscclLowering,
     lower_msccl,
 )
 from ccltune.model.schedule.ir import ScheduleArrays
+from ccltune.model.sim.routing import Router
+from ccltune.synth import timed
 from ccltune.synth.engine import synthesize
 from ccltune.synth.grid import evaluation_order
 
@@ -85,25 +86,34 @@ def test_balanced_pairing_fits_a_schedule_forwarding_cannot() -> None:
 
 
 def test_engine_times_both_pairings_and_publishes_the_faster(tmp_path: Path) -> None:
-    """At each grid size the engine's file finalists are timed with both pairings; the size's
-    estimate is the faster file's, which is the file written (read back: the same time)."""
+    """At each grid size the engine's file finalists are timed with both pairings, each in the
+    schedule's time order (keys from the largest size) where that gives a file, else "early";
+    the size's estimate is the fastest file's, which is the file written (read back: the
+    same time)."""
     topo = make_cluster(8, 4)
     sizes = [64 * MiB, 1 << 30]
     res = synthesize(topo, "allgather", sizes, out_dir=tmp_path)
     budget = res.max_threadblocks
     for sr in res.sizes:
         assert not sr.chosen.startswith("nccl:"), sr.reason
-        base = sr.chosen.removesuffix(" [balanced]")
-        times = {}
-        for pairing in PAIRINGS:
-            low = _lowered(res.schedules[base], budget, pairing, "early")  # as the engine does
+        base = timed.schedule_label(sr.chosen)
+        arr = res.schedules[base]
+        keys = timed.key_times(arr, topo, Router(topo), sizes[-1])
+        times, early = {}, {}
+        for pairing in ("forwarding", "balanced"):
+            low = _lowered(arr, budget, pairing, "early")
             assert low is not None
-            xml = render_lowering(low, name=base, proto=sr.protocol,
-                                  nchannels=res.schedules[base].channels)  # fmt: skip
-            times[pairing] = published_estimate("allgather", sr.size_bytes, topo, xml).time_us
-        assert times["forwarding"] != times["balanced"]  # the twin was worth timing here
+            xml = render_lowering(low, name=base, proto=sr.protocol, nchannels=arr.channels)
+            early[pairing] = published_estimate("allgather", sr.size_bytes, topo, xml).time_us
+            by_time = timed.timed_lowering(arr, budget, pairing, keys)  # as the engine does
+            if by_time is not None:
+                xml = render_lowering(by_time, name=base, proto=sr.protocol,
+                                      nchannels=arr.channels)  # fmt: skip
+            times[timed.file_label(base, pairing, by_time is not None)] = published_estimate(
+                "allgather", sr.size_bytes, topo, xml).time_us
+        assert early["forwarding"] != early["balanced"]  # the twin was worth timing here
         assert sr.estimate.time_us == pytest.approx(min(times.values()))
-        assert sr.chosen.endswith(" [balanced]") == (times["balanced"] < times["forwarding"])
+        assert times[sr.chosen] == min(times.values())
     for rr in res.ranges:
         assert rr.xml_file is not None
         text = Path(rr.xml_file).read_text()
@@ -155,12 +165,17 @@ def test_a_size_between_two_different_files_is_timed_as_the_file_published() -> 
             continue
         key = (sr.chosen, sr.protocol)
         if key not in texts:
-            low = lower_msccl(res.schedules[sr.chosen].to_schedule(),
-                              max_threadblocks=res.max_threadblocks,
-                              pairing="balanced" if sr.chosen.endswith("]") else "forwarding",
-                              order="early")  # fmt: skip
+            arr = res.schedules[timed.schedule_label(sr.chosen)]
+            pairing = timed.pairing_of(sr.chosen)
+            if timed.is_timed(sr.chosen):
+                keys = timed.key_times(arr, topo, Router(topo), sizes[-1])
+                low = timed.timed_lowering(arr, res.max_threadblocks, pairing, keys)
+                assert low is not None
+            else:
+                low = lower_msccl(arr.to_schedule(), max_threadblocks=res.max_threadblocks,
+                                  pairing=pairing, order="early")  # fmt: skip
             texts[key] = render_lowering(low, name="x", proto=sr.protocol,
-                                         nchannels=res.schedules[sr.chosen].channels)  # fmt: skip
+                                         nchannels=arr.channels)  # fmt: skip
         got = published_estimate("allgather", sr.size_bytes, topo, texts[key]).time_us
         assert got == pytest.approx(sr.estimate.time_us)
     assert between, "no size lay between two different files: the test proves nothing"

@@ -277,6 +277,12 @@ class AlignedFabric(Fabric):
         return rank + (q - p) * self.strides[d]
 
 
+def fabric_translations(fab: Fabric) -> Translations:
+    """The translations that map `fab`'s root-0 part onto every root: digit-wise on an aligned
+    fabric (a cyclic shift would carry out of an aligned block), per dimension otherwise."""
+    return Translations(fab.refined if isinstance(fab, AlignedFabric) else fab.sizes)
+
+
 def _aligned(fab: Fabric, columns: list[Column]) -> Fabric:
     """The aligned fabric of the columns' common split (the fabric itself when they differ)."""
     splits = {c.sketch.split(fab.dims) for c in columns}
@@ -430,7 +436,7 @@ def translate_roots(fab: Fabric, one: ScheduleArrays, cpr: int,
     root 0 and translated (no sort over N x transfers). The order is the same for every
     translate (symmetric engine) and every edge raises the root-0 position: no cycle can form.
     """
-    grp = Translations(fab.sizes)
+    grp = fabric_translations(fab)
     n, t = fab.nranks, len(one)
     roots = np.arange(n, dtype=np.int64)[:, None]
     src0, dst0 = one.src.astype(np.int64), one.dst.astype(np.int64)
@@ -584,7 +590,7 @@ def spread_channels(fab: Fabric, arr: ScheduleArrays, budget: int,
     root, so the schedule stays translation invariant.
     """
     n = arr.nranks
-    grp = Translations(fab.sizes)
+    grp = fabric_translations(fab)
     translated = arr.collective != Collective.BROADCAST and len(arr) % n == 0
     t = len(arr) // n if translated else len(arr)
     delta = grp.sub(arr.dst[:t].astype(np.int64), arr.src[:t].astype(np.int64))

@@ -46,10 +46,11 @@ from ..model.nccl.default import default_estimate, nccl_default, nccl_graph
 from ..model.schedule.ir import ScheduleArrays
 from ..model.sim.routing import Router
 from ..model.sim.simulate import simulate
-from . import DEFAULT_WORK_BUDGET, mesh, side
+from . import DEFAULT_WORK_BUDGET, mesh, side, timed
 from . import alltoall as a2a
 from . import assemble as asm
 from . import reduce_bundled as rb
+from . import reduce_small as rsm
 from .combine import Candidate, candidates, port_payload_gbps
 from .grid import FILE_FINALISTS, as_protocol, evaluation_order, file_time
 from .milp import SubSchedule
@@ -241,11 +242,19 @@ def synthesize(
     sketches, stats = search(dims, relays=True, max_peers=result.max_threadblocks)
     result.stats = stats
     say(stats.line(), 0.05)
+    # Split sketches one cut leaner (sketch.leaner_splits), ranked apart: the best of them is
+    # one more candidate and never displaces the coarsest splits'. Only where variants are
+    # built aligned: a peer fewer pays there (docs/synthesis.md, "The 3-tier fabric (session 7)").
+    leaner: list[Sketch] = []
+    if stats.split and _aligns(coll):
+        coarsest = set(sketches)
+        leaner = [sk for sk in search(dims, relays=True, max_peers=result.max_threadblocks,
+                                      leaner=True)[0] if sk not in coarsest]  # fmt: skip
 
     # Coarse step.
     t0 = time.perf_counter()
     symmetric = coll != Collective.BROADCAST
-    coarse = _solve(dims, sketches, symmetric, 1, coll, workers, milp_nodes[0])
+    coarse = _solve(dims, sketches + leaner, symmetric, 1, coll, workers, milp_nodes[0])
     result.timings["coarse_s"] = time.perf_counter() - t0
     say(f"coarse: {len(coarse)} distinct sub-demands solved", 0.2)
     phys = gpu_physics(topo.gpu_model)  # large sizes, where threadblocks bind, run Simple
@@ -253,6 +262,11 @@ def synthesize(
                        threadblocks=result.max_threadblocks,
                        tb_gbps=phys.tb("Simple") if phys else None,
                        port_gbps=port_payload_gbps(topo, dims))  # fmt: skip
+    if leaner:
+        cands += candidates(fab, coll, leaner, asm.Patterns(coarse), sizes, root=root, top_k=1,
+                            threadblocks=result.max_threadblocks,
+                            tb_gbps=phys.tb("Simple") if phys else None,
+                            port_gbps=port_payload_gbps(topo, dims))[:1]  # fmt: skip
     result.timings["combine_s"] = time.perf_counter() - t0 - result.timings["coarse_s"]
 
     # Fine step for the kept candidates.
@@ -282,10 +296,10 @@ def synthesize(
     least = 0  # threadblocks per GPU the leanest variant needs
     deals_of: dict[str, list[ScheduleArrays]] = {}  # channel deals that may fit, best first
 
-    def add_variant(label: str, built: ScheduleArrays) -> None:
+    def add_variant(label: str, built: ScheduleArrays, on: asm.Fabric = fab) -> None:
         nonlocal least
         clock.spend(len(built))
-        deals, why, need = _deals(fab, built, budget)
+        deals, why, need = _deals(on, built, budget)
         least = min(least or need, need)
         if not deals:
             dropped.append(f"{label}: {why}")
@@ -313,7 +327,8 @@ def synthesize(
             label = f"{cand.label}/p{pieces}x{depth}"
             deep = Candidate(cand.label, [asm.Column(c.sketch, c.blocks * depth)
                                           for c in cand.columns], 0.0, 0.0)  # fmt: skip
-            add_variant(label, _build(fab, coll, deep, patterns, pieces, root, label))
+            add_variant(label, _build(fab, coll, deep, patterns, pieces, root, label),
+                        asm._aligned(fab, deep.columns) if _aligns(coll) else fab)  # fmt: skip
     if coll in rb.BUNDLED and stats.split and (not variants or coll == Collective.ALLREDUCE):
         # Nothing fits the step limit (h800-rail-512): split AllGathers bundled, several roots'
         # chunks per transfer (docs/synthesis.md, "Bundled AllGather on aligned splits"), and
@@ -338,6 +353,23 @@ def synthesize(
     if coll == Collective.ALLTOALL and not early and all_closed():
         result.work = clock.spent
         return result
+    # The latency-lean AllReduce (reduce_small.py): not screened with the variants (its schedule
+    # ties theirs at small sizes where its file does not); its file is timed beside them there.
+    # Not a variant of the search's (evaluate=False returns those).
+    lean: list[str] = []
+    if coll == Collective.ALLREDUCE:
+        for mode, radix in rsm.variants(dims, budget):
+            label = rsm.label(dims, mode, radix)
+            built = rsm.small_allreduce(dims, mode, _schedule_name(coll, label), radix)
+            if built is None:
+                continue
+            clock.spend(len(built))
+            deals, why, _ = _deals(fab, built, budget)
+            if not deals:
+                dropped.append(f"{label}: {why}")
+                continue
+            deals_of[label], arr_of[label] = deals, deals[0]
+            lean.append(label)
     live = [s for s in sizes if s not in closed]
     verdict: dict[str, bool] = {}
     # The lowering that passed, per label: every range's file of that schedule renders from it
@@ -351,15 +383,26 @@ def synthesize(
             verdict[label] = False
             why = ""
             for arr in deals_of[label]:
-                clock.spend(len(arr))
-                try:
-                    low = lower_msccl(arr.to_schedule(), max_threadblocks=budget, order="early")
-                    low.require(max_threadblocks=budget)
-                except MscclFormatError as exc:
-                    why = why or str(exc)
-                    continue
-                arr_of[label], verdict[label], lowered[label] = arr, True, low
-                break
+                low = None
+                # "minmax" (no more pairs than the budget forces, lightest first) only where
+                # "forwarding" breaks the step limit: its files wait more where both fit.
+                for pairing in ("forwarding", "minmax"):
+                    clock.spend(len(arr))
+                    low = None
+                    try:
+                        low = lower_msccl(arr.to_schedule(), max_threadblocks=budget,
+                                          pairing=pairing, order="early")  # fmt: skip
+                        low.require(max_threadblocks=budget)
+                        break
+                    except MscclFormatError as exc:
+                        why = why or str(exc)
+                        over_steps = low is not None and low.max_steps > MAX_STEPS
+                        low = None
+                        if not over_steps or _minmax_steps(arr, budget) > MAX_STEPS:
+                            break
+                if low is not None:
+                    arr_of[label], verdict[label], lowered[label] = arr, True, low
+                    break
             if not verdict[label]:
                 dropped.append(f"{label}: {why}")
         return verdict[label]
@@ -369,7 +412,8 @@ def synthesize(
     def pairings(label: str) -> list[str]:
         """The label and, where the writer's "balanced" pairing shares threadblocks otherwise
         and fits, that file's label (lowered once): which pairing's file is faster depends on
-        the schedule, so both are timed."""
+        the schedule, so both are timed. Each in the schedule's time order (timed.py) instead
+        of "early" where that gives a file that fits (timed.ALSO_EARLY: not beside it)."""
         if label not in paired:
             paired[label] = [label]
             if label in lowered:
@@ -378,11 +422,21 @@ def synthesize(
                                       pairing="balanced", order="early")  # fmt: skip
                     alt.require(max_threadblocks=budget)
                 except MscclFormatError:
-                    return paired[label]
-                if alt.tb_meta != lowered[label].tb_meta:
+                    alt = None
+                if alt is not None and alt.tb_meta != lowered[label].tb_meta:
                     twin = f"{label} [balanced]"
                     arr_of[twin], lowered[twin], sel_from[twin] = arr_of[label], alt, sel_from[label]
                     paired[label].append(twin)
+                times = timed.key_times(arr_of[label], topo, router, sizes[-1])
+                for lb in list(paired[label]):
+                    pairing = timed.pairing_of(lb)
+                    low = timed.timed_lowering(arr_of[label], budget, pairing, times)
+                    if low is not None:
+                        twin = timed.file_label(label, pairing, True)
+                        arr_of[twin], lowered[twin], sel_from[twin] = arr_of[label], low, sel_from[label]
+                        paired[label].append(twin)
+                        if not timed.ALSO_EARLY:
+                            paired[label].remove(lb)
         return paired[label]
 
     if not variants and least > budget:
@@ -394,6 +448,8 @@ def synthesize(
     # The smallest minBytes from which the executor selects each variant at every callable size.
     sel_from = {lb: first_selected(coll, topo.world_size, _chunks_per_loop(arr), 1)
                 for lb, arr in variants}  # fmt: skip
+    sel_from.update({lb: first_selected(coll, topo.world_size, _chunks_per_loop(arr_of[lb]), 1)
+                     for lb in lean})  # fmt: skip
     say(f"{len(variants)} candidate schedules assembled", 0.45)
 
     # Evaluate: screen every variant at the smallest and largest size, then simulate the few
@@ -559,10 +615,25 @@ def synthesize(
                 f = file_us(lb, pr, s)
                 if not math.isinf(f) and (best is None or f < best[0]):
                     best = (f, lb, pr)
+        # The lean AllReduce's files where its schedule beats NCCL's default: every lean variant
+        # where the finalists' files are timed, between them the one whose schedule is fastest
+        # (and, above, any that won at a neighbour). Not against the best file so far: its
+        # file can beat its own schedule (h800-rail-512 256 KiB: 75.7 us, schedule 81.4).
+        lean_here = lean if s <= rsm.MAX_BYTES else []
+        if not edge and lean_here:
+            lean_here = [min(lean_here, key=lambda lb: run(arr_of[lb], s, rsm.PROTOCOLS[0]))]
+        for name in lean_here:
+            for pr in (p for p in _protocols(s) if p in rsm.PROTOCOLS and runs_at((name, arr_of[name]))):
+                if run(arr_of[name], s, pr) >= default.time_us or not verified(name):
+                    continue
+                for lb in (x for x in pairings(name) if not timed.is_timed(x)):
+                    f = file_us(lb, pr, s)
+                    if not math.isinf(f) and (best is None or f < best[0]):
+                        best = (f, lb, pr)
         if apart is not None:
             apart.done_with(s)
         if best is not None:
-            winners[i] = best[1].removesuffix(" [balanced]")
+            winners[i] = timed.schedule_label(best[1])
         say(f"evaluated {format_size(s)}", 0.5 + 0.45 * (n_done + 1) / len(sizes))
         none = ("no synthesized schedule fits msccl-executor-nccl within the SM budget (see the "
                 "notes)" if not finalists else
@@ -655,31 +726,49 @@ def _chunks_per_loop(arr: ScheduleArrays) -> int:
     return c
 
 
-def _streams(arr: ScheduleArrays, chans: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per (rank, channel) on `chans` channels: threadblocks the writer makes there (one per
-    peer it sends to or receives from, sends and receives paired), and steps it must hold."""
-    n = arr.nranks
-    chan = arr.channel.astype(np.int64) % chans
-    src, dst = arr.src.astype(np.int64), arr.dst.astype(np.int64)
+@dataclass(frozen=True, slots=True)
+class _Links:
+    """Each distinct (src, dst, channel) of a schedule with its transfers: all `_streams` and
+    `_apart` read (a 512-GPU variant: millions of transfers on 10-20x fewer links)."""
+
+    n: int
+    src: np.ndarray
+    dst: np.ndarray
+    channel: np.ndarray
+    transfers: np.ndarray
+
+    @classmethod
+    def of(cls, arr: ScheduleArrays) -> _Links:
+        n, c = arr.nranks, int(arr.channel.max(initial=0)) + 1
+        keys, per = _counted((arr.src.astype(np.int64) * n + arr.dst) * c + arr.channel,
+                             n * n * c)  # fmt: skip
+        return cls(n, keys // c // n, keys // c % n, keys % c, per)
+
+
+def _streams(links: _Links, chans: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per (rank, channel) on `chans` channels (channel c -> c mod chans): threadblocks the
+    writer makes there (one per peer it sends to or receives from, sends and receives paired),
+    and steps it must hold."""
+    n, src, dst, weight = links.n, links.src, links.dst, links.transfers
+    chan = links.channel % chans
     tbs = np.zeros(n * chans, dtype=np.int64)
     steps = np.zeros(n * chans, dtype=np.int64)
     most = np.zeros(n * chans, dtype=np.int64)  # the busiest stream: one threadblock holds it
     for me, peer in ((src, dst), (dst, src)):
         slot = me * chans + chan
-        keys, per_stream = _counted(slot * n + peer, n * chans * n)
+        keys, per_stream = _counted(slot * n + peer, n * chans * n, weight)
         peers = np.bincount(keys // n, minlength=n * chans)
         tbs = np.maximum(tbs, peers)
-        steps += np.bincount(slot, minlength=n * chans)
+        steps += np.bincount(slot, weights=weight, minlength=n * chans).astype(np.int64)
         np.maximum.at(most, keys // n, per_stream)
     floor = np.maximum(most, -(-steps // np.maximum(tbs, 1)))
     return tbs.reshape(n, chans).sum(axis=1), floor
 
 
-def _apart(arr: ScheduleArrays, chans: int) -> int:
+def _apart(links: _Links, chans: int) -> int:
     """Threadblocks per GPU on `chans` channels with one per stream (send or receive peer)."""
-    n = arr.nranks
-    chan = arr.channel.astype(np.int64) % chans
-    src, dst = arr.src.astype(np.int64), arr.dst.astype(np.int64)
+    n, src, dst = links.n, links.src, links.dst
+    chan = links.channel % chans
     per_rank = np.zeros(n, dtype=np.int64)
     for me, peer in ((src, dst), (dst, src)):
         keys, _ = _counted((me * chans + chan) * n + peer, n * chans * n)
@@ -687,12 +776,15 @@ def _apart(arr: ScheduleArrays, chans: int) -> int:
     return int(per_rank.max())
 
 
-def _counted(keys: np.ndarray, span: int) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(keys, return_counts=True) for keys in [0, span): by a count per key where the
-    span is small (a 512-GPU variant's millions of transfers: 10x faster than sorting)."""
+def _counted(keys: np.ndarray, span: int,
+             weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """np.unique(keys, return_counts=True) for keys in [0, span), each key counted `weight`
+    times (>= 1; default once): by a count per key where the span is small (a 512-GPU
+    variant's millions of transfers: 10x faster than sorting)."""
     if span > 1 << 24:
-        return np.unique(keys, return_counts=True)
-    per = np.bincount(keys, minlength=span)
+        at, inv = np.unique(keys, return_inverse=True)
+        return at, np.bincount(inv, weights=weight, minlength=len(at)).astype(np.int64)
+    per = np.bincount(keys, weights=weight, minlength=span).astype(np.int64)
     at = np.flatnonzero(per)
     return at, per[at]
 
@@ -719,6 +811,40 @@ def _fused_steps(arr: ScheduleArrays, at: np.ndarray, conn: np.ndarray) -> np.nd
                   // MAX_COUNT)  # fmt: skip
     first = np.flatnonzero(np.r_[True, conn[1:] != conn[:-1]])
     return np.add.reduceat(run_steps, run[first])
+
+
+def _minmax_steps(arr: ScheduleArrays, budget: int) -> int:
+    """GPU 0's busiest threadblock, in steps without nops, were its streams paired as the
+    writer's "minmax" pairs them: exactly as many pairs as `budget` forces, fewest steps
+    together first (sends fused, `_fused_steps`; a paired receive one step per transfer, as
+    `_shared_floor` counts). An estimate (the writer ranks pairs that may block last), used
+    to skip minmax lowerings that cannot fit: each costs seconds on 128 GPUs."""
+    n, chans = arr.nranks, max(arr.channels, 1)
+    at = np.flatnonzero((arr.src == 0) | (arr.dst == 0))
+    conn = (arr.src[at].astype(np.int64) * n + arr.dst[at]) * chans + arr.channel[at] % chans
+    keys, transfers = np.unique(conn, return_counts=True)
+    fused = _fused_steps(arr, at, conn)
+    src, chan = keys // chans // n, keys % chans
+    sends = np.flatnonzero(src == 0)
+    recvs = np.flatnonzero(src != 0)
+    need = len(keys) - budget
+    if need <= 0:
+        return int(fused.max(initial=0))
+    pairs = sorted((int(fused[i] + transfers[j]), int(i), int(j)) for i in sends for j in recvs
+                   if chan[i] == chan[j])  # fmt: skip
+    used: set[int] = set()
+    most = 0
+    for steps, i, j in pairs:
+        if need == 0:
+            break
+        if i in used or j in used:
+            continue
+        used |= {i, j}
+        most, need = max(most, steps), need - 1
+    if need:
+        return MAX_STEPS + 1  # fewer pairs than the budget forces: it cannot fit
+    alone = [int(fused[k]) for k in range(len(keys)) if k not in used]
+    return max(most, *alone, 0)
 
 
 def _shared_floor(arr: ScheduleArrays, chans: int, budget: int) -> int:
@@ -796,9 +922,10 @@ def _deals(fab: asm.Fabric, arr: ScheduleArrays,
     sends and receives must share threadblocks, `_shared_floor`); the exact
     lowering comes later, for the variants that may be used.
     """
-    least = int(_streams(arr, 1)[0].max())
+    links = _Links.of(arr)  # folding channels (c -> c mod chans) is `_streams`' own
+    least = int(_streams(links, 1)[0].max())
     chans = min(arr.channels, MAX_CHANNELS)
-    while chans > 1 and _streams(arr, chans)[0].max() > budget:
+    while chans > 1 and _streams(links, chans)[0].max() > budget:
         chans -= 1
     spread, need = asm.spread_channels(fab, arr, budget)
     if spread is None:
@@ -808,13 +935,13 @@ def _deals(fab: asm.Fabric, arr: ScheduleArrays,
     # Best first: the most channels on which every stream keeps a threadblock of its own (the
     # writer merges streams only over budget, and a merged threadblock makes a send wait for
     # receives it does not need: dgx-h100-2's files ran 3-10x slower, benchmarks/msccl_file_gap).
-    apart = next((c for c in range(chans, 0, -1) if _apart(arr, c) <= budget), 0)
+    apart = next((c for c in range(chans, 0, -1) if _apart(links, c) <= budget), 0)
     if apart and apart != chans:
-        _, floor = _streams(asm.fold_channels(arr, apart), apart)
+        _, floor = _streams(links, apart)
         if floor.max() <= MAX_STEPS:
             out.append(asm.fold_channels(arr, apart))
     for dealt in (asm.fold_channels(arr, chans), spread):
-        tbs, floor = _streams(dealt, dealt.channels)
+        tbs, floor = _streams(links if dealt is not spread else _Links.of(spread), dealt.channels)
         if tbs.max() > budget:
             why = why or f"needs {tbs.max()} threadblocks per GPU"
         elif (shared := _shared_floor(dealt, dealt.channels, budget)) > MAX_STEPS:
@@ -855,7 +982,11 @@ def _build(fab: asm.Fabric, coll: Collective, cand: Candidate, patterns: asm.Pat
     if coll == Collective.ALLTOALL:
         return asm.alltoall(fab, cols, pieces, name)
     # Every root's part is root 0's translated (reduces and gates stay within one root's
-    # data), so each phase is built for root 0 and translated.
+    # data), so each phase is built for root 0 and translated. A split's sub-spreads act on
+    # aligned blocks: in an AllReduce a cyclic span-2 part sends to +1 and receives from -1
+    # (two peers), an aligned one sends to and receives from its partner (one).
+    if _aligns(coll):
+        fab = asm._aligned(fab, cols)
     ag = asm.allgather_root0(fab, cols, patterns, pieces, name)
     cpr = ag.chunks_per_rank
     if coll == Collective.ALLGATHER:
@@ -864,6 +995,13 @@ def _build(fab: asm.Fabric, coll: Collective, cand: Candidate, patterns: asm.Pat
     if coll == Collective.REDUCESCATTER:
         return asm.translate_roots(fab, rs, cpr)
     return asm.translate_roots(fab, asm.allreduce(rs, ag, name), cpr)
+
+
+def _aligns(coll: Collective) -> bool:
+    """Whether `_build` builds `coll` on the aligned fabric of its split: the reducing
+    collectives. The 3-tier AllGather's cyclic files were faster at 1 GiB (1.95x faster than
+    NCCL, aligned 1.84x; docs/synthesis.md, "The 3-tier fabric (session 7)")."""
+    return coll in (Collective.REDUCESCATTER, Collective.ALLREDUCE)
 
 
 def _estimate(

@@ -8,15 +8,19 @@ whole collective is one sub-demand on the server's GPU graph (group.GroupTopo.gp
   large). The pattern is copied onto `channels` channels (one threadblock per peer and channel:
   the per-threadblock rate, not the link, bounds one stream) and `depth` times on each channel
   (copies queue on their channel, so a later copy's first hop overlaps an earlier copy's relay).
-- ReduceScatter: the AllGather reversed; AllReduce: ReduceScatter then AllGather.
+- ReduceScatter: the AllGather reversed; AllReduce: ReduceScatter then AllGather. On a full
+  mesh also direct sends whose contributions arrive at once into scratch and are reduced
+  locally (formats/msccl/scratch.py), instead of reduces chained into one buffer: built and
+  tested, not offered until the read-back charges local reduces (SCRATCH_REDUCES).
 - AlltoAll: each pair's data split into pieces over direct and one-relay paths by an LP that
   minimises the busiest link's load per lane (max-flow routing: on the cube-mesh a 1-link
   pair's data partly rides a 2-link neighbour), on every channel.
 - Fills (AllGather, AlltoAll) on a full uniform mesh whose peers do not divide the SM budget
   (MI300X: 32 threadblocks, 7 peers): every threadblock carries the same share, the excess of
   the peers with fewer channels relayed (`fill_plan`); evaluated after the other variants.
-Every variant is simulated in full (4-8 GPUs), the best timed as the file it would be, and
-NCCL's default is kept wherever it is faster (engine._pick). Multi-node clusters of such
+Every variant is simulated in full (4-8 GPUs), the best timed as the file it would be (with
+the writer's default step order and with sends early, the faster kept), and NCCL's default is
+kept wherever it is faster (engine._pick). Multi-node clusters of such
 servers are not synthesized here (the asymmetric branch keeps NCCL's default).
 """
 
@@ -35,6 +39,7 @@ from ..api.cluster import ClusterTopology
 from ..api.common import Collective
 from ..model.cost.gpu import gpu_physics
 from ..model.cost.protocols import PROTOCOLS, protocol_cost
+from ..model.formats.msccl import scratch
 from ..model.formats.msccl.limits import MAX_STEPS, first_selected
 from ..model.formats.msccl.stream import render_lowering
 from ..model.formats.msccl.writer import MscclFormatError, MscclLowering, lower_msccl
@@ -99,6 +104,28 @@ class MeshVariants:
         self.lowered[label] = low
         return True
 
+    def early(self, label: str) -> str | None:
+        """The variant lowered with its sends moved early (writer ORDERS "early") as a label of
+        its own, when that differs from the fitted file; timed beside it, the faster kept per
+        size. mi300x-8 AlltoAll at 128 MiB, simulated: the fill's file 433.9 us with the
+        default order, 393.1 (forwarding) early, its schedule 386.3."""
+        twin = f"{label}/early"
+        if twin in self.lowered:
+            return twin
+        if twin in self.unfit or label not in self.lowered or "/scratch" in label:
+            return None
+        try:
+            low = lower_msccl(self.schedules[label].to_schedule(), max_threadblocks=self.budget,
+                              order="early")  # fmt: skip
+            low.require(max_threadblocks=self.budget, max_steps=MAX_STEPS)
+        except MscclFormatError:
+            low = None
+        if low is None or low.order != "early":  # nothing moved: the same file
+            self.unfit.add(twin)
+            return None
+        self.schedules[twin], self.lowered[twin] = self.schedules[label], low
+        return twin
+
 
 def variants(topo: ClusterTopology, coll: Collective, budget: int,
              node_limit: int) -> MeshVariants:  # fmt: skip
@@ -158,8 +185,53 @@ def variants(topo: ClusterTopology, coll: Collective, budget: int,
         if filled is not None:
             label = f"mesh/fill{budget}"
             built.append((label, fill_allgather(filled, label)))
+        if coll != Collective.ALLGATHER and SCRATCH_REDUCES:
+            _scratch_variants(group, coll, budget, out)
     out.schedules.update(built)
     return out
+
+
+# Off until the read-back charges local `re` steps: it times only transfers, so the reducing
+# threadblocks' work (mi300x-8 64 MiB: ~12 MiB each, ~1.2 ms at the 10.5 GB/s of one
+# threadblock, where the file is timed at ~200 us) costs nothing, while an `rrc` pays its
+# reduce at the receive's rate. docs/synthesis.md "Single-server meshes", session 8.
+SCRATCH_REDUCES = False
+SCRATCH_CHUNKS = (16,)  # chunks per rank of the direct scratch-reduce variants (below)
+SCRATCH_GROUPS = (1, 2, 4)  # chunks per reduce, the fewest the step limit allows
+
+
+def _scratch_variants(group: GroupTopo, coll: Collective, budget: int, out: MeshVariants) -> None:
+    """Direct ReduceScatter / AllReduce with reduces into scratch (formats/msccl/scratch.py) on
+    a full mesh: k channels per pair, the same on every pair, the most that leave at least one
+    threadblock of the budget to reduce (reduces on a peer's threadblock hold its sends:
+    mi300x-8 64 MiB ReduceScatter files 243-349 us where the schedule takes 212, simulated). One
+    channel per pair and 8 or 32 chunks per rank won no size on mi300x-8 or v100-cubemesh-4
+    (every 4x, 1 KiB-1 GiB) and cost CPU time; docs/synthesis.md has the numbers."""
+    n = group.size
+    linked = set(group.links())
+    if any((u, v) not in linked for u in range(n) for v in range(n) if u != v):
+        return
+    k = max(1, (budget - 1) // (n - 1))
+    chans = {(u, v): k for u in range(n) for v in range(n) if u != v}
+    # a peer threadblock's steps: a send and a receive per chunk of its block, per phase
+    phases = 2 if coll == Collective.ALLREDUCE else 1
+    for cpr in SCRATCH_CHUNKS:
+        if cpr % k or cpr > MAX_CHUNKS or 2 * phases * cpr // k > MAX_STEPS:
+            continue
+        label = f"mesh/scratch-k{k}c{cpr}"
+        why = ""
+        for grp in (g for g in SCRATCH_GROUPS if (cpr // k) % g == 0):
+            try:
+                arr, low = scratch.direct(coll, n, cpr, chans, budget, grp,
+                                          f"ccltune-mesh-{coll.value}-{label}")  # fmt: skip
+            except MscclFormatError as exc:
+                why = str(exc)
+                continue
+            out.schedules[label], out.lowered[label] = arr, low
+            break
+        else:
+            if why:
+                out.dropped.append(f"{label}: {why}")
 
 
 Pair = tuple[int, int]
@@ -441,28 +513,33 @@ def evaluate(topo: ClusterTopology, coll: Collective, sizes: list[int], found: M
             for t, label, proto in sorted(engine)[:FILE_FINALISTS]:
                 if t >= min(bar, best_of[s][0] if s in best_of else math.inf):
                     break  # a file only adds waits to its schedule
-                if (label, proto) not in files:
-                    files[(label, proto)] = render_lowering(
-                        found.lowered[label], name=label, proto=proto,
-                        nchannels=found.schedules[label].channels)  # fmt: skip
-                f = file_time(coll, s, topo, router, files[(label, proto)])
-                if isinstance(f, str):
-                    found.dropped.append(f"{label}/{proto}: {f}")
-                    continue
-                if s not in best_of or f < best_of[s][0]:
-                    best_of[s] = (f, label, proto)
+                for lb in (label, found.early(label)):
+                    if lb is None:
+                        continue
+                    if (lb, proto) not in files:
+                        files[(lb, proto)] = render_lowering(
+                            found.lowered[lb], name=lb, proto=proto,
+                            nchannels=found.schedules[lb].channels)  # fmt: skip
+                    f = file_time(coll, s, topo, router, files[(lb, proto)])
+                    if isinstance(f, str):
+                        found.dropped.append(f"{lb}/{proto}: {f}")
+                        continue
+                    if s not in best_of or f < best_of[s][0]:
+                        best_of[s] = (f, lb, proto)
         return best_of
 
     # The fill's schedules run at the bound where its files lose ~10% to them: ranked with
     # the others it took their place among the finalists and lost sizes they won (mi300x-8
     # AllGather 512K..16M, simulated), so it is evaluated after them, against their files.
+    # The scratch variants likewise: their schedules beat the direct variants' at 1-16 KiB on
+    # v100-cubemesh-4 AllReduce and took their places, but their files were up to 1.2x slower.
     labels = list(found.schedules)
-    best_of = best_files([lb for lb in labels if "/fill" not in lb], dict(beat or {}))
-    fill = [lb for lb in labels if "/fill" in lb]
-    if fill:
+    later = [lb for lb in labels if "/fill" in lb or "/scratch" in lb]
+    best_of = best_files([lb for lb in labels if lb not in later], dict(beat or {}))
+    if later:
         bars = {s: min((beat or {}).get(s, math.inf), best_of[s][0] if s in best_of else math.inf)
                 for s in sizes}  # fmt: skip
-        for s, got in best_files(fill, bars).items():
+        for s, got in best_files(later, bars).items():
             if s not in best_of or got[0] < best_of[s][0]:
                 best_of[s] = got
     return MeshPick({s: best_of.get(s) for s in sizes}, found)

@@ -359,14 +359,15 @@ class _Search:
 
 def search(dims: list[Dimension], *, relays: bool = True, max_relays: int = MAX_RELAYS,
            limit: int = MAX_ENUMERATED, max_peers: int | None = None,
-           trace: bool = False) -> tuple[list[Sketch], SearchStats]:  # fmt: skip
+           trace: bool = False, leaner: bool = False) -> tuple[list[Sketch], SearchStats]:  # fmt: skip
     """Enumerate stage sequences, filter them by the prunings, return the sketches.
 
     `relays=False` (collectives where every GPU is a root anyway) sets the relay bound to 0.
     `max_peers` (the SM budget in threadblocks per GPU) adds the fourth filter; when no unsplit
     sketch passes it, the search runs again with every switch dimension of more than 2 GPUs
     open to virtual splits, and that run's counts are the ones returned. When nothing fits
-    even then, the unsplit search without the peer bound is returned."""
+    even then, the unsplit search without the peer bound is returned. `leaner`: the split run
+    also allows `leaner_splits` (more sketches: the engine takes them apart)."""
     active = [d for d in dims if d.size > 1]
     bound = max_relays if relays else 0
     if not active:
@@ -376,7 +377,7 @@ def search(dims: list[Dimension], *, relays: bool = True, max_relays: int = MAX_
     if not found and max_peers is not None and splittable:
         # Without relays: each costs a peer, and the splits' extra stages already spread the
         # ports' load; with them the enumeration grows 60-fold on h800-rail-512.
-        found, stats = _run(dims, 0, limit, max_peers, trace, splittable)
+        found, stats = _run(dims, 0, limit, max_peers, trace, splittable, leaner)
     if not found and max_peers is not None:
         # Nothing fits even split: the unsplit sketches, so that the caller can say how many
         # threadblocks the leanest of them needs.
@@ -405,7 +406,8 @@ def coarsest_splits(dims: list[Dimension], split: frozenset[int],
 
     A coarser split has the same port load in one stage less, so the finer one is only kept
     when the budget forbids the coarser one. E.g. h800-rail-512 at 16: nvswitch 8 with rail
-    4 x 4 x 4 (7 + 9 peers), and nvswitch 2 x 4 or 4 x 2 with rail 2 x 4 x 8 in any order."""
+    4 x 4 x 4 (7 + 9 peers), and nvswitch 2 x 4 or 4 x 2 with rail 2 x 4 x 8 in any order.
+    `search(leaner=True)` adds `leaner_splits` to them."""
     options = [_factorizations(d.size, MAX_PARTS) if i in split else [(d.size,)]
                for i, d in enumerate(dims)]  # fmt: skip
     fits = [p for p in itertools.product(*options)
@@ -423,11 +425,42 @@ def coarsest_splits(dims: list[Dimension], split: frozenset[int],
                        for d in range(len(p)) for m in merges(p[d]))]  # fmt: skip
 
 
+def leaner_splits(
+    dims: list[Dimension], split: frozenset[int], coarsest: list[tuple[tuple[int, ...], ...]]
+) -> list[tuple[tuple[int, ...], ...]]:
+    """Each coarsest split with its outermost split dimension, where still whole, cut in two
+    (smallest factor, both orders): a peer or more fewer for a stage more.
+
+    The coarsest rule counts port load, not the executor's steps: an AllReduce holds two
+    streams per peer, and over the SM budget pairs a light stream with a heavy one past its
+    64 steps where one peer fewer leaves enough light streams to pair among themselves (the
+    3-tier fabric: 10 peers need 8 pairs of 20 streams, 9 peers 6 of 18). The outermost
+    dimension, because sketches spread it first, on one chunk per root: its extra stage
+    moves the least (docs/synthesis.md, "The 3-tier fabric (session 7)")."""
+    d = max(split, default=-1)
+    if d < 0:
+        return []
+    g = dims[d].size
+    a = next((f for f in range(2, g) if g % f == 0), g)
+    if a == g:  # prime: no cut
+        return []
+    out: list[tuple[tuple[int, ...], ...]] = []
+    for p in coarsest:
+        if len(p[d]) != 1:
+            continue
+        for cut in dict.fromkeys(((a, g // a), (g // a, a))):
+            q = (*p[:d], cut, *p[d + 1 :])
+            if q not in coarsest and q not in out:
+                out.append(q)
+    return out
+
+
 def _run(dims: list[Dimension], bound: int, limit: int, max_peers: int | None, trace: bool,
-         split: frozenset[int]) -> tuple[list[Sketch], SearchStats]:  # fmt: skip
+         split: frozenset[int], leaner: bool = False) -> tuple[list[Sketch], SearchStats]:  # fmt: skip
     s = _Search(dims, bound, limit, trace, _automorphisms(dims), _Fabric(dims), max_peers, split)
     if split and max_peers is not None:
-        s.plans = tuple(coarsest_splits(dims, split, max_peers))
+        coarsest = coarsest_splits(dims, split, max_peers)
+        s.plans = tuple(coarsest + (leaner_splits(dims, split, coarsest) if leaner else []))
     root = tuple((0,) for _ in dims)
     depth = sum(1 + (MAX_PARTS if i in split else 1) for i, d in enumerate(dims) if d.size > 1)
     s.run((), root, s.fab.ranks(list(root)), depth)

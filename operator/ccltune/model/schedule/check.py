@@ -11,8 +11,9 @@ a race). Postconditions per collective are those in ir.py's docstring.
 plain stores must still be ordered against each of them): sums do not depend on their order, so
 this is exact for a runtime that serializes the additions itself - MSCCL programs that receive
 each contribution into its own scratch slot and add them with a local `re` chain, which
-msccl_reader.py has already proven slot by slot. ccltune's own lowering writes each reduce straight
-into the destination (rrc), so schedules it will publish are checked without it.
+msccl_reader.py has already proven slot by slot. ccltune's writer puts each reduce straight into
+the destination (rrc), so schedules it lowers are checked without it; the scratch-reduce files
+(formats/msccl/scratch.py) are that shape, and their read-back is proven slot by slot.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def read_msccl(text: str) -> ReadBack:
     lay = _Layout(coll, n, c, root)
     preds = prog.preds()
     pos = {x.uid: i for i, x in enumerate(order)}
-    before = Reach(preds, pos).before
+    before = Reach(preds, pos, prog.steps).before
     sent: dict[int, list[Value]] = {}
     combined: set[int] = set()
     for inplace, claim in ((False, "outofplace"), (True, "inplace")):

@@ -31,8 +31,8 @@ Slot = tuple[int, str, int]  # (gpu, buffer, chunk offset) after in-place aliasi
 class Reach:
     """Does step a happen before step b? Backward search pruned by completion position."""
 
-    def __init__(self, preds: list[list[XStep]], pos: dict[int, int]) -> None:
-        self.preds, self.pos = preds, pos
+    def __init__(self, preds: list[list[XStep]], pos: dict[int, int], steps: list[XStep]) -> None:
+        self.preds, self.pos, self.steps = preds, pos, steps
         # A step of cnt slots asks about the same pair once per slot (64 on 512-GPU bundles).
         self._known: dict[tuple[int, int], bool] = {}
 
@@ -46,10 +46,14 @@ class Reach:
         return known
 
     def _search(self, a: int, b: int, pa: int) -> bool:
+        # A threadblock's steps are a chain (each one's previous step is among its preds), so
+        # reaching a's threadblock at a or after it is reaching a: stop there, not a's step.
+        xa = self.steps[a]
+        gpu, tb, idx = xa.gpu, xa.tb, xa.idx
         seen, stack = {b}, [b]
         while stack:
             for p in self.preds[stack.pop()]:
-                if p.uid == a:
+                if p.tb == tb and p.gpu == gpu and p.idx >= idx:
                     return True
                 if p.uid not in seen and self.pos[p.uid] > pa:
                     seen.add(p.uid)

@@ -34,8 +34,10 @@ Lowering decisions:
   send on a connection meets the k-th receive and no threadblock waits on a later step
   (deadlock-free while sends fit the FIFOs). In global order alone a peer's reply would queue
   behind the receive it does not need (a one-step allgather became two steps deep). Ordering
-  by the engine's simulated times instead was tried: 1.5-2x better on merged threadblocks for
-  AllReduce, 3x worse for AllGather once slicing was modelled, so depth it is.
+  by the engine's simulated times alone was tried: 1.5-2x better on merged threadblocks for
+  AllReduce, 3x worse for AllGather once slicing was modelled, so depth is the default.
+  `order="timed"` keys sends at their start and receives at their finish in the schedule's
+  simulation (`_time_keys`), then moves sends as "early" does; callers time it beside "early".
   `order="early"` (what the engine lowers) then moves, within a threadblock pairing a send
   stream with a receive stream, each send that waits for nothing outside its threadblock ahead
   of the receives it does not depend on, at most FIFO_CHUNKS chunks ahead (`_sends_early`):
@@ -65,7 +67,7 @@ import itertools
 import math
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ....api.common import Collective
@@ -90,13 +92,22 @@ PROTOCOLS = ("Simple", "LL", "LL128")
 # pairs the sends that forward a receive with it; "balanced" pairs heavy streams with light ones
 # (fewer steps in the busiest threadblock). Neither wins on every schedule (rail-first p1x4 on
 # h800-rail-64 AllGather, 64 MiB: 844 vs 472 us; the relay p1x2 file: 495 vs 515 us), so the
-# engine times both files (docs/synthesis.md, "h800-rail-64 against the bound").
-PAIRINGS = ("forwarding", "balanced")
+# engine times both files (docs/synthesis.md, "h800-rail-64 against the bound"). "minmax" pairs
+# the lightest streams and no more than the budget forces, so heavy streams keep a threadblock
+# each: where the other two put two 32-step streams together past MAX_STEPS (the 3-tier
+# AllReduce, docs/synthesis.md "The 3-tier fabric (session 7)"), it may still fit.
+PAIRINGS = ("forwarding", "balanced", "minmax")
 # The order of steps within a threadblock (`_assign`): "depth" (the global key: dependency depth,
 # sends first at a depth) or "early" (`_sends_early`: sends that wait for nothing outside their
 # threadblock ahead of receives, within the FIFO). "early" is checked by running the file's
 # threadblocks as the executor does; one that would deadlock is lowered in "depth" order instead.
-ORDERS = ("depth", "early")
+# "timed": keys from the engine schedule's own times at one size (`lower_msccl(times=...)`): a
+# send at its transfer's start, a receive at its finish, then as "early"; where that would
+# deadlock, the time keys alone, then "early" (docs/synthesis.md, "Steps in the schedule's
+# time order").
+ORDERS = ("depth", "early", "timed")
+TIME_DIGITS = 3  # time keys round to 1 ns, so translates' float noise leaves ties to the orbit
+Times = tuple[list[float], list[float]]  # per transfer: send key, receive key (`_time_keys`)
 SPLIT_ROUNDS = 4  # lowerings after the first while splitting connections over MAX_STEPS
 SEND_TYPES = {"s", "rcs", "rrs", "rrcs"}
 RECV_TYPES = {"r", "rcs", "rrs", "rrc", "rrcs"}
@@ -263,7 +274,9 @@ def to_msccl_xml(
 
 def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None,
                 max_steps: int = MAX_STEPS, pairing: str = "forwarding",
-                order: str = "depth") -> MscclLowering:  # fmt: skip
+                order: str = "depth",
+                times: tuple[Sequence[float], Sequence[float]] | None = None,
+                ) -> MscclLowering:  # fmt: skip
     """Every rank's threadblocks and steps as the file would hold them (nothing rendered), with
     at most `max_threadblocks` per rank (default: the executor's limit; MscclFormatError when
     the streams cannot be merged that far).
@@ -275,17 +288,26 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None,
     runs them changes. Splitting stops when it would need more than the executor's channels or
     the SM budget; the result then still breaks `max_steps` (`require` says so).
     `pairing`: which streams share a threadblock over the budget (PAIRINGS); `order`: the
-    steps' order within a threadblock (ORDERS; `.order` says which one the result has)."""
+    steps' order within a threadblock (ORDERS; `.order` says which one the result has).
+    `times` (order "timed" only): per transfer, its start and finish in a simulation of the
+    schedule; times that are no dependency order for the file (`_time_keys`) give "early"."""
     if pairing not in PAIRINGS:
         raise ValueError(f"pairing {pairing!r} is not one of {', '.join(PAIRINGS)}")
     if order not in ORDERS:
         raise ValueError(f"order {order!r} is not one of {', '.join(ORDERS)}")
+    if (order == "timed") != (times is not None):
+        raise ValueError('times are given with order "timed", and only then')
     check_schedule(schedule)
     # Lowering allocates millions of objects and forms no reference cycles (steps point only
     # at earlier steps), so the cyclic collector only rescans them: paused while it runs.
     paused = gc.isenabled()
     gc.disable()
     try:
+        if times is not None:
+            timed = _timed_lowering(schedule, max_threadblocks, max_steps, pairing, times)
+            if timed is not None:
+                return timed
+            order = "early"
         low = _split_lowering(schedule, max_threadblocks, max_steps, pairing, order)
         if low.order == "early" and _deadlocks(low):
             low = _split_lowering(schedule, max_threadblocks, max_steps, pairing, "depth")
@@ -295,8 +317,71 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None,
             gc.enable()
 
 
+def lower_timed(schedule: Schedule, times: tuple[Sequence[float], Sequence[float]], *,
+                max_threadblocks: int | None = None, max_steps: int = MAX_STEPS,
+                pairing: str = "forwarding") -> MscclLowering | None:  # fmt: skip
+    """`lower_msccl(order="timed")` without its fallback: None where the times give no file.
+    For a caller that has lowered `schedule` with `lower_msccl` already (which checked it: not
+    repeated, it costs more than this lowering on a 64-rank AllReduce)."""
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing {pairing!r} is not one of {', '.join(PAIRINGS)}")
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _timed_lowering(schedule, max_threadblocks, max_steps, pairing, times)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _timed_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps: int,
+                    pairing: str, times: tuple[Sequence[float], Sequence[float]],
+                    ) -> MscclLowering | None:  # fmt: skip
+    """Time keys with sends moved early, else time keys alone, whichever first does not
+    deadlock; None where the times are no dependency order or both would deadlock."""
+    keys = _time_keys(schedule, *times)
+    if keys is None:
+        return None
+    for moved in ("early", "depth"):
+        low = _split_lowering(schedule, max_threadblocks, max_steps, pairing, moved, keys)
+        if not _deadlocks(low):
+            low.order = "timed"
+            return low
+    return None
+
+
+def _time_keys(s: Schedule, start: Sequence[float], finish: Sequence[float]) -> Times | None:
+    """Per transfer, the time its send is keyed at (its start) and its receive (its finish,
+    less one key unit, so a receive comes before the sends that need its data) in the file's
+    threadblocks; or None where that is not a dependency order the executor can keep: a
+    transfer starting before a dependency finished, or a connection whose receives would not
+    meet its sends in order (each k-th send meets the peer's k-th receive). With translation
+    frames every transfer takes its orbit's root-0 key, as the tie-break does (`_step_order`)."""
+    unit = 10.0**-TIME_DIGITS
+    snd = [round(float(x), TIME_DIGITS) for x in start]
+    rcv = [round(float(x), TIME_DIGITS) - unit for x in finish]
+    frames = find_frames(s)
+    if frames is not None:
+        per = frames.per_block
+        snd = [snd[t % per] for t in range(len(snd))]
+        rcv = [rcv[t % per] for t in range(len(rcv))]
+    tie = _step_order(s, frames)[2]
+    on: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    for t, tr in enumerate(s.transfers):
+        if rcv[t] < snd[t] or any(rcv[d] >= snd[t] for d in tr.deps):
+            return None
+        on[(tr.src, tr.dst, tr.channel)].append(t)
+    for ts in on.values():
+        ts.sort(key=lambda t: (snd[t], tie[t]))
+        got = [(rcv[t], tie[t]) for t in ts]
+        if any(a >= b for a, b in itertools.pairwise(got)):
+            return None
+    return snd, rcv
+
+
 def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps: int,
-                    pairing: str, order: str = "depth") -> MscclLowering:  # fmt: skip
+                    pairing: str, order: str = "depth",
+                    keys: Times | None = None) -> MscclLowering:  # fmt: skip
     used = 1 + max((t.channel for t in schedule.transfers), default=0)
     cap = MAX_THREADBLOCKS if max_threadblocks is None else max_threadblocks
     parts: dict[tuple[int, int, int], int] = {}
@@ -306,11 +391,12 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps:
         orbit = frames
 
         def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
-            return _lower_orbit(schedule, max_threadblocks, orbit, parts, used, pairing, order)
+            return _lower_orbit(schedule, max_threadblocks, orbit, parts, used, pairing, order,
+                                keys)  # fmt: skip
     else:
 
         def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
-            return _lower(schedule, max_threadblocks, parts, used, pairing, order)
+            return _lower(schedule, max_threadblocks, parts, used, pairing, order, keys)
 
     low = lower(parts)
     for _ in range(SPLIT_ROUNDS):
@@ -335,12 +421,14 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps:
 
 
 def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int, int], int],
-           used: int, pairing: str = "forwarding", tb_order: str = "depth") -> MscclLowering:  # fmt: skip
+           used: int, pairing: str = "forwarding", tb_order: str = "depth",
+           keys: Times | None = None) -> MscclLowering:  # fmt: skip
     """`lower_msccl` with the connections (src, dst, chan) in `parts` split in that many."""
     coll = Collective(s.collective)
     lay = _Layout(coll, s.nranks, s.chunks_per_rank, s.root)
     frames = find_frames(s)
-    order, level, tie = _step_order(s, frames)
+    order, level, tie = _step_order(s, frames, keys)
+    rlevel = level if keys is None else keys[1]
     loc: dict[tuple[int, int], Loc] = {}
     for r in range(s.nranks):
         for k in range(s.total_chunks):
@@ -378,7 +466,7 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
             assert src_loc is not None and dst_loc is not None  # guaranteed by check_schedule
             snd = _Step(tr.src, ("send", tr.dst, tr.channel), (level[t], 0, tie[t], piece), "s",
                         src_loc, dst_loc, b - a, chunk=tr.chunk + a)  # fmt: skip
-            key = (level[t], 1, tie[t], piece)
+            key = (rlevel[t], 1, tie[t], piece)
             if tr.reduce:
                 cur = cur_locs[a]
                 assert cur is not None
@@ -422,13 +510,18 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
                    tb_order=tb_order)  # fmt: skip
 
 
-def _step_order(s: Schedule, frames: Frames | None) -> tuple[list[int], list[int], list[int]]:
-    """Transfers in the order they are lowered, and per transfer its dependency depth and its
-    tie-break within a depth (steps are keyed (depth, send/recv, tie, piece))."""
+def _step_order(s: Schedule, frames: Frames | None, keys: Times | None = None,
+                ) -> tuple[list[int], list[float], list[int]]:  # fmt: skip
+    """Transfers in the order they are lowered, and per transfer its dependency depth (or its
+    send's time key) and its tie-break within a depth (steps are keyed (depth, send/recv, tie,
+    piece); a receive's first key is its own time key where `keys` are given)."""
     order = topological_order(s)
-    level = [0] * len(s.transfers)
-    for t in order:
-        level[t] = 1 + max((level[d] for d in s.transfers[t].deps), default=-1)
+    level: list[float] = [0] * len(s.transfers)
+    if keys is not None:
+        level = list(keys[0])
+    else:
+        for t in order:
+            level[t] = 1 + max((level[d] for d in s.transfers[t].deps), default=-1)
     tie = [0] * len(s.transfers)
     for p, t in enumerate(order):
         tie[t] = p
@@ -442,7 +535,8 @@ def _step_order(s: Schedule, frames: Frames | None) -> tuple[list[int], list[int
 
 def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
                  parts: dict[tuple[int, int, int], int], used: int,
-                 pairing: str = "forwarding", tb_order: str = "depth") -> MscclLowering:  # fmt: skip
+                 pairing: str = "forwarding", tb_order: str = "depth",
+                 keys: Times | None = None) -> MscclLowering:  # fmt: skip
     """`_lower` of a schedule every frame map sends to itself (frames.translates_exactly):
     rank 0's steps only, then every rank's as rank 0's translated. Each orbit has one send
     (src 0) and one receive (dst 0) on rank 0, with the same key; the receive of rank 0's
@@ -451,7 +545,8 @@ def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
     (split connections) come from a lowering of every rank, so they are equivariant too."""
     coll = Collective(s.collective)
     lay = _Layout(coll, s.nranks, s.chunks_per_rank, s.root)
-    order, level, tie = _step_order(s, frames)
+    order, level, tie = _step_order(s, frames, keys)
+    rlevel = level if keys is None else keys[1]
     moved = _Mover(lay, frames)
     receiver: dict[int, int] = {}  # orbit -> its transfer received by rank 0
     for t, tr in enumerate(s.transfers):
@@ -494,7 +589,7 @@ def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
             assert src_loc is not None and dst_loc is not None  # guaranteed by check_schedule
             snd = _Step(0, ("send", peer, tr.channel), (level[ts], 0, tie[ts], piece), "s",
                         src_loc, moved(peer, dst_loc), b - a, chunk=ks[a])  # fmt: skip
-            key = (level[ts], 1, tie[ts], piece)
+            key = (rlevel[ts], 1, tie[ts], piece)
             if tr.reduce:
                 cur = cur_locs[a]
                 assert cur is not None
@@ -821,7 +916,11 @@ def _merge(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
     "balanced" ranks by the two streams' step counts apart first (the most apart first: a
     heavy stream with a light one keeps the busiest threadblock short, where its in-order
     steps are what a file loses to its schedule), then as above; a pair that may block
-    still comes after every pair that cannot."""
+    still comes after every pair that cannot. "minmax" makes exactly `need` pairs, those that
+    cannot block first, then the fewest steps together: the busiest threadblock is the
+    heaviest stream where enough light streams exist."""
+    if pairing == "minmax":
+        return _merge_minmax(members, sends, recvs, need, rel)
     ranked: list[tuple[int, ...]] = []
     for chan in sorted(set(sends) & set(recvs)):
         ykeys = {q: sorted(y.key for y in members[("recv", q, chan)]) for q in recvs[chan]}
@@ -840,6 +939,32 @@ def _merge(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
     used: set[Stream] = set()
     for _, _, waits, may_block, _, _, chan, _, _, p, q in ranked:
         if len(out) >= need and (waits or may_block):
+            break
+        if ("send", p, chan) in used or ("recv", q, chan) in used:
+            continue
+        used |= {("send", p, chan), ("recv", q, chan)}
+        out.append((p, q, chan))
+    return out
+
+
+def _merge_minmax(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
+                  recvs: dict[int, list[int]], need: int,
+                  rel: Callable[[int], int]) -> list[tuple[int, int, int]]:  # fmt: skip
+    """`_merge`'s "minmax" pairing (its docstring)."""
+    ranked: list[tuple[int, ...]] = []
+    for chan in sorted(set(sends) & set(recvs)):
+        ykeys = {q: sorted(y.key for y in members[("recv", q, chan)]) for q in recvs[chan]}
+        for p in sends[chan]:
+            xs = sorted(members[("send", p, chan)], key=lambda x: x.key)
+            for q in recvs[chan]:
+                added, blocks = _waiting(xs, ykeys[q], ("recv", q, chan))
+                ranked.append((int(blocks), len(xs) + len(members[("recv", q, chan)]), added,
+                               chan, -rel(p), -rel(q), p, q))  # fmt: skip
+    ranked.sort()
+    out: list[tuple[int, int, int]] = []
+    used: set[Stream] = set()
+    for *_, chan, _, _, p, q in ranked:
+        if len(out) >= need:
             break
         if ("send", p, chan) in used or ("recv", q, chan) in used:
             continue
@@ -957,7 +1082,7 @@ class MscclLowering:
     items_of: list[dict[int, list[Item]]]  # per rank: threadblock -> its steps in order
     channels_used: int
     split_connections: int = 0  # connections dealt over more channels (`lower_msccl`)
-    order: str = "depth"  # "early" when `_sends_early` moved a send on some rank (ORDERS)
+    order: str = "depth"  # "early": `_sends_early` moved a send on some rank; "timed": time keys
 
     def channels(self, nchannels: int | None) -> int:
         """The file's nchannels: as asked, widened to the channels split connections took."""
@@ -1137,4 +1262,4 @@ def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[in
 
 
 __all__ = ["ORDERS", "PAIRINGS", "MscclFormatError", "MscclLowering", "ScheduleError",
-           "lower_msccl", "to_msccl_xml"]
+           "lower_msccl", "lower_timed", "to_msccl_xml"]
