@@ -17,7 +17,7 @@ import numpy as np
 
 from ..api.cluster import Dimension
 from ..api.common import Collective
-from ..model.schedule.ir import ScheduleArrays
+from ..model.schedule.ir import ScheduleArrays, dep_csr
 from ..model.sim.arrays import sorted_unique
 from ..model.sim.translations import Translations
 from .group import GroupTopo
@@ -102,10 +102,7 @@ class Builder:
 
     def arrays(self, name: str, coll: Collective, nranks: int, cpr: int, root: int = 0,
                channels: int = 1) -> ScheduleArrays:  # fmt: skip
-        lens = np.fromiter((len(d) for d in self.deps), dtype=np.int64, count=len(self.deps))
-        ptr = np.zeros(len(self.deps) + 1, dtype=np.int64)
-        np.cumsum(lens, out=ptr[1:])
-        idx = np.fromiter((x for d in self.deps for x in d), dtype=np.int64, count=int(ptr[-1]))
+        ptr, idx = dep_csr(self.deps)
         return ScheduleArrays(
             name=name, collective=coll, nranks=nranks, chunks_per_rank=cpr,
             src=np.asarray(self.src, dtype=np.int32), dst=np.asarray(self.dst, dtype=np.int32),

@@ -2,7 +2,7 @@
 
 A file's threadblock runs its steps in order, so a send placed after a receive it does not need
 waits for it; the engine's schedule has no such wait. On h800-rail-64 AllGather that wait was
-all of a file's extra time over its schedule (64 MiB: 471 vs 414 us; /work/notes/s7-diag-q.md).
+all of a file's extra time over its schedule (64 MiB: 471 vs 414 us, a session-7 diagnosis).
 The writer's "timed" order keys each send at its transfer's start in the schedule's simulation
 and each receive at its finish (writer.py `_time_keys`), so a threadblock blocks on a receive
 only when the schedule had the data there. The keys come from one size, the largest asked for

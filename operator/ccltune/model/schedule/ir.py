@@ -18,6 +18,7 @@ that moment, so a schedule must list in `deps` the transfers that brought that d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,10 +116,7 @@ class ScheduleArrays:
     @classmethod
     def from_schedule(cls, s: Schedule) -> ScheduleArrays:
         ts = s.transfers
-        lens = np.fromiter((len(t.deps) for t in ts), dtype=np.int64, count=len(ts))
-        ptr = np.zeros(len(ts) + 1, dtype=np.int64)
-        np.cumsum(lens, out=ptr[1:])
-        idx = np.fromiter((d for t in ts for d in t.deps), dtype=np.int64, count=int(ptr[-1]))
+        ptr, idx = dep_csr([t.deps for t in ts])
         return cls(
             name=s.name,
             collective=Collective(s.collective),
@@ -163,6 +161,15 @@ class ScheduleArrays:
             self.protocol,
             self.channels,
         )
+
+
+def dep_csr(deps: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-transfer dependency lists as ScheduleArrays' (dep_ptr, dep_idx)."""
+    lens = np.fromiter((len(d) for d in deps), dtype=np.int64, count=len(deps))
+    ptr = np.zeros(len(deps) + 1, dtype=np.int64)
+    np.cumsum(lens, out=ptr[1:])
+    idx = np.fromiter((x for d in deps for x in d), dtype=np.int64, count=int(ptr[-1]))
+    return ptr, idx
 
 
 def _total_chunks(collective: Collective, n: int, c: int) -> int:

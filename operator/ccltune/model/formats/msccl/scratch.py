@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from ....api.common import Collective
-from ...schedule.ir import Schedule, ScheduleArrays
+from ...schedule.ir import Schedule, ScheduleArrays, dep_csr
 from .limits import MAX_STEPS
 from .writer import Item, MscclLowering, _Layout, _Step
 
@@ -206,10 +206,7 @@ class _Builder:
     def arrays(self, name: str, coll: Collective, n: int, cpr: int,
                channels: int) -> ScheduleArrays:  # fmt: skip
         src, dst, chunk, chan, red = (list(x) for x in zip(*self.rows, strict=True))
-        lens = np.fromiter((len(d) for d in self.deps), dtype=np.int64, count=len(self.deps))
-        ptr = np.zeros(len(self.deps) + 1, dtype=np.int64)
-        np.cumsum(lens, out=ptr[1:])
-        idx = np.fromiter((x for d in self.deps for x in d), dtype=np.int64, count=int(ptr[-1]))
+        ptr, idx = dep_csr(self.deps)
         return ScheduleArrays(
             name=name, collective=coll, nranks=n, chunks_per_rank=cpr,
             src=np.asarray(src, dtype=np.int32), dst=np.asarray(dst, dtype=np.int32),

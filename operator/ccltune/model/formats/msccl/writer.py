@@ -919,26 +919,24 @@ def _merge(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
     still comes after every pair that cannot. "minmax" makes exactly `need` pairs, those that
     cannot block first, then the fewest steps together: the busiest threadblock is the
     heaviest stream where enough light streams exist."""
-    if pairing == "minmax":
-        return _merge_minmax(members, sends, recvs, need, rel)
+    minmax = pairing == "minmax"
+    balanced = pairing == "balanced"
     ranked: list[tuple[int, ...]] = []
-    for chan in sorted(set(sends) & set(recvs)):
-        ykeys = {q: sorted(y.key for y in members[("recv", q, chan)]) for q in recvs[chan]}
-        for p in sends[chan]:
-            xs = sorted(members[("send", p, chan)], key=lambda x: x.key)
-            for q in recvs[chan]:
-                ys = members[("recv", q, chan)]
-                added, blocks = _waiting(xs, ykeys[q], ("recv", q, chan))
-                fed_by = fed.get((("send", p, chan), ("recv", q, chan)), 0)
-                balanced = pairing == "balanced"
-                apart = -abs(len(xs) - len(ys)) if balanced else 0
-                ranked.append((int(blocks and balanced), apart, added, int(blocks), -fed_by,
-                               len(xs) + len(ys), chan, -rel(p), -rel(q), p, q))  # fmt: skip
+    for chan, p, q, nx, ny, added, blocks in _candidate_pairs(members, sends, recvs):
+        if minmax:
+            ranked.append((int(blocks), nx + ny, added, chan, -rel(p), -rel(q), p, q))
+            continue
+        fed_by = fed.get((("send", p, chan), ("recv", q, chan)), 0)
+        apart = -abs(nx - ny) if balanced else 0
+        ranked.append((int(blocks and balanced), apart, added, int(blocks), -fed_by,
+                       nx + ny, chan, -rel(p), -rel(q), p, q))  # fmt: skip
     ranked.sort()
     out: list[tuple[int, int, int]] = []
     used: set[Stream] = set()
-    for _, _, waits, may_block, _, _, chan, _, _, p, q in ranked:
-        if len(out) >= need and (waits or may_block):
+    for key in ranked:
+        chan, p, q = key[-5], key[-2], key[-1]
+        # minmax stops at `need`; the others also take every pair that adds no wait
+        if len(out) >= need and (minmax or key[2] or key[3]):
             break
         if ("send", p, chan) in used or ("recv", q, chan) in used:
             continue
@@ -947,30 +945,17 @@ def _merge(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
     return out
 
 
-def _merge_minmax(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
-                  recvs: dict[int, list[int]], need: int,
-                  rel: Callable[[int], int]) -> list[tuple[int, int, int]]:  # fmt: skip
-    """`_merge`'s "minmax" pairing (its docstring)."""
-    ranked: list[tuple[int, ...]] = []
+def _candidate_pairs(members: dict[Stream, list[_Step]], sends: dict[int, list[int]],
+                     recvs: dict[int, list[int]]) -> Iterator[tuple[int, int, int, int, int, int, bool]]:  # fmt: skip
+    """Every (chan, send peer, recv peer) a threadblock could pair, with both streams' step
+    counts and what pairing them costs (`_waiting`: waits added, whether it may block)."""
     for chan in sorted(set(sends) & set(recvs)):
         ykeys = {q: sorted(y.key for y in members[("recv", q, chan)]) for q in recvs[chan]}
         for p in sends[chan]:
             xs = sorted(members[("send", p, chan)], key=lambda x: x.key)
             for q in recvs[chan]:
                 added, blocks = _waiting(xs, ykeys[q], ("recv", q, chan))
-                ranked.append((int(blocks), len(xs) + len(members[("recv", q, chan)]), added,
-                               chan, -rel(p), -rel(q), p, q))  # fmt: skip
-    ranked.sort()
-    out: list[tuple[int, int, int]] = []
-    used: set[Stream] = set()
-    for *_, chan, _, _, p, q in ranked:
-        if len(out) >= need:
-            break
-        if ("send", p, chan) in used or ("recv", q, chan) in used:
-            continue
-        used |= {("send", p, chan), ("recv", q, chan)}
-        out.append((p, q, chan))
-    return out
+                yield chan, p, q, len(xs), len(ykeys[q]), added, blocks
 
 
 def _deadlocks(low: MscclLowering) -> bool:
