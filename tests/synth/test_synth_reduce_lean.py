@@ -17,7 +17,7 @@ from ccltune.model.formats.msccl.writer import lower_msccl
 from ccltune.model.schedule.check import ScheduleError, check_schedule
 from ccltune.model.schedule.ir import Schedule, Transfer
 from ccltune.model.sim.routing import Router
-from ccltune.synth import engine
+from ccltune.synth import engine, timed
 from ccltune.synth import reduce_small as rsm
 from ccltune.synth.grid import file_time
 
@@ -109,11 +109,21 @@ def test_lean_file_on_64_gpus_passes_the_executors_own_code(tmp_path: Path) -> N
         assert f"PASS msccl/{name}.xml load" in out
 
 
-def test_engine_publishes_the_lean_file_where_it_is_faster() -> None:
+def test_engine_publishes_the_lean_file_where_it_is_faster(monkeypatch: pytest.MonkeyPatch) -> None:
     """16 servers x 8 GPUs within 8 threadblocks (only bundles fit the search's variants): at
     1 KiB the engine times the lean AllReduce's file beside them and publishes it, faster than
     NCCL's default and every other file; at 64 MiB it is not used. (With evaluate=False the
-    search's variants alone: test_synth_reduce_bundled.)"""
+    search's variants alone: test_synth_reduce_bundled.) Every schedule here is given a
+    time-ordered twin, as on the 3-tier fabric, where the lean files were once left untimed
+    because the twins replaced them."""
+    real = timed.timed_lowering
+
+    def always(arr, budget, pairing, times):  # type: ignore[no-untyped-def]
+        low = real(arr, budget, pairing, times)
+        return low or lower_msccl(arr.to_schedule(), max_threadblocks=budget, pairing=pairing,
+                                  order="early")  # fmt: skip
+
+    monkeypatch.setattr(timed, "timed_lowering", always)
     topo = make_cluster(8, 16)
     res = engine.synthesize(topo, Collective.ALLREDUCE, [1 << 10, 1 << 26], max_threadblocks=8)
     small, large = res.sizes

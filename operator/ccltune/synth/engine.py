@@ -409,11 +409,12 @@ def synthesize(
 
     paired: dict[str, list[str]] = {}
 
-    def pairings(label: str) -> list[str]:
+    def pairings(label: str, in_time_order: bool = True) -> list[str]:
         """The label and, where the writer's "balanced" pairing shares threadblocks otherwise
         and fits, that file's label (lowered once): which pairing's file is faster depends on
         the schedule, so both are timed. Each in the schedule's time order (timed.py) instead
-        of "early" where that gives a file that fits (timed.ALSO_EARLY: not beside it)."""
+        of "early" where that gives a file that fits (timed.ALSO_EARLY: not beside it), unless
+        `in_time_order` is False (the lean files: LL, latency-bound)."""
         if label not in paired:
             paired[label] = [label]
             if label in lowered:
@@ -427,6 +428,8 @@ def synthesize(
                     twin = f"{label} [balanced]"
                     arr_of[twin], lowered[twin], sel_from[twin] = arr_of[label], alt, sel_from[label]
                     paired[label].append(twin)
+                if not in_time_order:
+                    return paired[label]
                 times = timed.key_times(arr_of[label], topo, router, sizes[-1])
                 for lb in list(paired[label]):
                     pairing = timed.pairing_of(lb)
@@ -626,7 +629,9 @@ def synthesize(
             for pr in (p for p in _protocols(s) if p in rsm.PROTOCOLS and runs_at((name, arr_of[name]))):
                 if run(arr_of[name], s, pr) >= default.time_us or not verified(name):
                     continue
-                for lb in (x for x in pairings(name) if not timed.is_timed(x)):
+                # without time-ordered twins: with them (timed.ALSO_EARLY False) the files
+                # timed would be those twins, which cost ~2x the CPU at 512 GPUs
+                for lb in pairings(name, in_time_order=False):
                     f = file_us(lb, pr, s)
                     if not math.isinf(f) and (best is None or f < best[0]):
                         best = (f, lb, pr)
