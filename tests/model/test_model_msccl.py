@@ -241,8 +241,8 @@ def test_ring_allgather_lowering_is_what_msccl_tools_would_write() -> None:
     assert gpu0 is not None
     assert dict(gpu0.attrib) == {"id": "0", "i_chunks": "1", "o_chunks": "3", "s_chunks": "0"}
     tbs = gpu0.findall("tb")
-    # one tb for the ring neighbours (send 1, recv 2); the local input->output copy rides at its
-    # end instead of taking a threadblock (an SM) of its own
+    # one tb for the ring neighbours (send 1, recv 2); the local input->output copy rides on it
+    # instead of taking a threadblock (an SM) of its own
     assert [(tb.get("send"), tb.get("recv")) for tb in tbs] == [("1", "2")]
     ring = [(x.get("type"), x.get("srcbuf"), x.get("srcoff"), x.get("dstbuf"), x.get("dstoff"))
             for x in tbs[0].findall("step")]  # fmt: skip
@@ -250,10 +250,11 @@ def test_ring_allgather_lowering_is_what_msccl_tools_would_write() -> None:
     # next arrival, which it does not need, blocks the threadblock
     assert ring == [
         ("s", "i", "0", "o", "0"),  # own chunk straight from the input
+        # the copy waits for nothing: it runs while the first arrival is a hop away
+        ("cpy", "i", "0", "o", "0"),
         ("r", "i", "0", "o", "2"),  # src names the sender's slot (gpu 2's input)
         ("s", "o", "2", "o", "2"),  # forward what arrived from gpu 2
         ("r", "o", "1", "o", "1"),  # gpu 1's chunk, forwarded by gpu 2 from its output
-        ("cpy", "i", "0", "o", "0"),  # own chunk into the output, last
     ]
     assert "/>" in xml and " />" not in xml
 
@@ -385,7 +386,7 @@ GOOD = to_msccl_xml(ring_allgather(3), name="ring3", proto="Simple")
             "missing attribute 'cnt'",
         ),
         (
-            lambda x: x.replace('<step s="1" type="r"', '<step s="1" type="s"', 1),
+            lambda x: x.replace('<step s="2" type="r"', '<step s="2" type="s"', 1),
             "gpu 0 sends 3 times to gpu 1 on channel 0 but gpu 1 receives 2 times from it",
         ),
         (
@@ -406,7 +407,8 @@ def test_import_errors_name_the_element(mutate, message: str) -> None:
 
 
 def _two_threadblock_ring() -> str:
-    """ring3 with gpu 0's first send on channel 1: gpu 0 has tb 0 (s, cpy) and tb 1 (r, r, s)."""
+    """ring3 with gpu 0's first send on channel 1: gpu 0 has tb 0 (s, cpy) and tb 1 (r, s, r):
+    the copy goes to the side with the fewest chunks (tb 0 sends one, tb 1 receives two)."""
     s = ring_allgather(3)
     s.transfers[0] = Transfer(0, 1, 0, channel=1)
     return to_msccl_xml(s, name="ring3", proto="Simple")
@@ -594,7 +596,7 @@ def test_merged_threadblock_waits_only_for_what_it_needs() -> None:
     low = lower_msccl(_relay_and_chains(4))
     tb = low.tb_meta[0].index((2, 1, 0))
     kinds = [step.type for _, step, _ in low.items_of[0][tb] if step is not None]
-    assert kinds == ["r", "s"] * 4
+    assert kinds == ["cpy"] + ["r", "s"] * 4  # the free copy first: it receives first
 
 
 def test_transfers_ready_together_become_one_step() -> None:

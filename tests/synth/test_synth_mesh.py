@@ -124,9 +124,10 @@ def test_cube_mesh_is_synthesized_and_never_slower_than_nccl(tmp_path: Path) -> 
     assert files and all(Path(r.xml_file or "").exists() for r in files)
     assert all(s.estimate.time_us <= s.default.time_us for s in res.sizes)
     # AlltoAll at 64 MiB: NCCL's p2p moves a 1-link pair's quarter over one NVLink; the mesh
-    # schedule drives each pair with two threadblocks at least (simulated).
+    # schedule drives each pair with two threadblocks at least (simulated). Its copy of the own
+    # quarter is charged: 4 chunks on 4 of 8 threadblocks, 1,182.8 against NCCL's 1,440.8 us.
     at = next(s for s in res.sizes if s.size_bytes == 1 << 26)
-    assert at.chosen.startswith("mesh-a2a/") and at.estimate.time_us < 0.7 * at.default.time_us
+    assert at.chosen.startswith("mesh-a2a/") and at.estimate.time_us < 0.85 * at.default.time_us
 
 
 def test_full_mesh_alltoall_is_synthesized(tmp_path: Path) -> None:
@@ -180,15 +181,17 @@ def test_fill_plan_puts_the_same_share_on_every_threadblock() -> None:
 
 
 def test_fill_wins_mi300x_allgather_at_64_mib() -> None:
-    """All 32 threadblocks at one share each: the file takes 207.0 us against 220.5 us for the
-    best direct file on 28 and 226.6 us for NCCL's ring (simulated); at least 90% of the bound
-    at the budget, which 28 of 32 threadblocks (87.5%) cannot reach."""
+    """All 32 threadblocks at one share each: the file takes 211.5 us against 226.6 us for NCCL's
+    ring (simulated, local steps charged). Its copy of the own 8 MiB is dealt one chunk per
+    threadblock, 8 chunks where each received 7, so it stays within 8/7 of its uncharged 190.0
+    us: 88.2% of the bound at the budget (the bound has no copy: NCCL's ring sends from the
+    input into the output, directCopySend); on one threadblock it took 941.8 us."""
     topo = load_cluster("mi300x-8")
     res = synthesize(topo, Collective.ALLGATHER, [1 << 26], time_budget_s=3600)
     at = res.sizes[0]
     assert at.chosen.startswith("mesh/fill")
     bound = budget_bound_us(Collective.ALLGATHER, 1 << 26, topo, res.max_threadblocks, at.bound_us)
-    assert at.estimate.time_us >= bound and bound / at.estimate.time_us >= 0.9
+    assert at.estimate.time_us >= bound and bound / at.estimate.time_us >= 0.875
 
 
 def test_alltoall_fill_relays_over_two_spare_hops() -> None:

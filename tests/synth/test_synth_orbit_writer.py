@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from synth_helpers import make_cluster
 
 from ccltune.api.common import Collective
 from ccltune.model.cost.gpu import gpu_physics
 from ccltune.model.cost.protocols import protocol_cost
-from ccltune.model.formats.msccl import writer
+from ccltune.model.formats.msccl import scratch, writer
+from ccltune.model.formats.msccl import slicing as slicing_module
 from ccltune.model.formats.msccl.frames import Frames, find_frames, translates_exactly
 from ccltune.model.formats.msccl.reader import read_msccl
 from ccltune.model.formats.msccl.slicing import slicing, structure, unit_size, with_slices
@@ -25,6 +27,7 @@ from ccltune.model.sim.routing import Router
 from ccltune.model.sim.simulate import simulate
 from ccltune.model.sim.symmetric_sim import prepare_symmetric
 from ccltune.synth.engine import synthesize
+from ccltune.topology.presets import load_preset
 
 
 def _moved(lay: _Layout, frames: Frames, r: int, loc: Loc) -> Loc:
@@ -102,12 +105,18 @@ def _full(arrays, topo, cost):  # type: ignore[no-untyped-def]
     return simulate(arrays, topo, unit_size(arrays), cost, Router(topo), engine="heap")
 
 
-@pytest.mark.parametrize("coll", [Collective.ALLGATHER, Collective.REDUCESCATTER,
-                                  Collective.ALLREDUCE])  # fmt: skip
-def test_the_file_read_back_takes_the_symmetric_engine_and_agrees(coll: Collective) -> None:
-    """What published_estimate times: the read-back file, sliced; symmetric equals heap."""
+@pytest.mark.parametrize(("coll", "charged"), [
+    (Collective.ALLGATHER, False), (Collective.ALLGATHER, True), (Collective.REDUCESCATTER, True),
+    (Collective.ALLREDUCE, True)])  # fmt: skip
+def test_the_file_read_back_takes_the_symmetric_engine_and_agrees(
+        coll: Collective, charged: bool, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """What published_estimate times: the read-back file, sliced; symmetric equals heap, with and
+    without threadblock physics. Charged, an AllGather file's own-chunk copies (writer
+    _spread_copies) are local operations sharing their threadblock's receive side."""
+    monkeypatch.setattr(slicing_module, "CHARGE_LOCAL_STEPS", charged)
     topo, *arrays = _schedules(coll, 16, count=3)
     router = Router(topo)
+    copies = 0
     for arr in arrays:
         low = lower_msccl(arr.to_schedule(), max_threadblocks=16)
         for proto, size in (("Simple", 1 << 26), ("LL", 1 << 16)):
@@ -115,13 +124,63 @@ def test_the_file_read_back_takes_the_symmetric_engine_and_agrees(coll: Collecti
                                             nchannels=arr.channels))  # fmt: skip
             sl = slicing(proto, size, rb.chunks_per_loop, coll)
             sliced = with_slices(structure(rb, sl, 2), rb, sl)
-            cost = replace(protocol_cost(proto, gpu=gpu_physics(topo.gpu_model)), floor_us=0.0)
-            q = prepare_symmetric(sliced, topo, router, cost)
-            assert not isinstance(q, str), q
-            sym = simulate(sliced, topo, unit_size(sliced), cost, router, engine="symmetric")
-            assert sym.engine == "symmetric"
-            full = _full(sliced, topo, cost)
-            assert sym.time_us == pytest.approx(full.time_us, rel=1e-9)
+            local = bool((sliced.src == sliced.dst).any())
+            copies += local
+            for gpu in (topo.gpu_model, "H100-SXM5-80GB"):
+                cost = replace(protocol_cost(proto, gpu=gpu_physics(gpu)), floor_us=0.0)
+                q = prepare_symmetric(sliced, topo, router, cost)
+                if local and cost.tb_gbps is None:  # free local work: the heap engine's alone
+                    assert q == "local work without threadblock physics"
+                    continue
+                assert not isinstance(q, str), q
+                sym = simulate(sliced, topo, unit_size(sliced), cost, router, engine="symmetric")
+                assert sym.engine == "symmetric"
+                full = _full(sliced, topo, cost)
+                assert sym.time_us == pytest.approx(full.time_us, rel=1e-9)
+    assert copies == (coll == Collective.ALLGATHER and charged) * 2 * len(arrays)
+
+
+@pytest.mark.parametrize("coll", [Collective.REDUCESCATTER, Collective.ALLREDUCE])
+def test_a_scratch_file_with_fused_reduces_takes_the_symmetric_engine(coll: Collective) -> None:
+    """Charged `re` runs (formats/msccl/scratch.py) on reducing threadblocks that neither send
+    nor receive, sliced over several iterations: symmetric equals heap."""
+    topo = load_preset("mi300x-8")
+    n = 8
+    _, low = scratch.direct(coll, n, 16, {(u, v): 4 for u in range(n) for v in range(n) if u != v},
+                            32, 1, "t")  # fmt: skip
+    rb = read_msccl(render_lowering(low, name="t", proto="Simple"))
+    assert rb.local_tb is not None
+    sl = slicing(rb.schedule.protocol, 1 << 27, rb.chunks_per_loop, coll)
+    sliced = with_slices(structure(rb, sl, 3), rb, sl)
+    cost = replace(protocol_cost("Simple", gpu=gpu_physics(topo.gpu_model)), floor_us=0.0)
+    router = Router(topo)
+    assert not isinstance(prepare_symmetric(sliced, topo, router, cost), str)
+    sym = simulate(sliced, topo, unit_size(sliced), cost, router, engine="symmetric")
+    assert sym.engine == "symmetric"
+    assert sym.time_us == pytest.approx(_full(sliced, topo, cost).time_us, rel=1e-9)
+
+
+def test_a_threadblock_split_on_one_rank_is_not_taken_for_a_translate(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """One send of rank 3 moved to a threadblock id of its own: the labels made from rank 0's
+    would still agree across ranks, but name fewer sides than the file has, so the symmetric
+    engine refuses and the full simulation times it."""
+    monkeypatch.setattr(slicing_module, "CHARGE_LOCAL_STEPS", True)
+    topo, arr = _schedules(Collective.ALLGATHER, 16, count=1)
+    rb = read_msccl(render_lowering(lower_msccl(arr.to_schedule(), max_threadblocks=16),
+                                    name="orbit", proto="Simple", nchannels=arr.channels))  # fmt: skip
+    sl = slicing("Simple", 1 << 26, rb.chunks_per_loop, Collective.ALLGATHER)
+    sliced = with_slices(structure(rb, sl, 2), rb, sl)
+    assert sliced.tb is not None
+    split = np.flatnonzero((sliced.src == 3) & (sliced.dst != 3))[-1]
+    sliced.tb = sliced.tb.copy()
+    sliced.tb[split] = int(sliced.tb.max()) + 1
+    cost = replace(protocol_cost("Simple", gpu=gpu_physics("H100-SXM5-80GB")), floor_us=0.0)
+    router = Router(topo)
+    assert isinstance(prepare_symmetric(sliced, topo, router, cost), str)
+    sym = simulate(sliced, topo, unit_size(sliced), cost, router, engine="symmetric")
+    assert sym.engine != "symmetric"
+    assert sym.time_us == _full(sliced, topo, cost).time_us
 
 
 def test_schedules_that_are_not_translates_keep_absolute_order() -> None:

@@ -118,8 +118,8 @@ def test_engine_publishes_the_lean_file_where_it_is_faster(monkeypatch: pytest.M
     because the twins replaced them."""
     real = timed.timed_lowering
 
-    def always(arr, budget, pairing, times):  # type: ignore[no-untyped-def]
-        low = real(arr, budget, pairing, times)
+    def always(arr, budget, pairing, times, schedule=None):  # type: ignore[no-untyped-def]
+        low = real(arr, budget, pairing, times, schedule)
         return low or lower_msccl(arr.to_schedule(), max_threadblocks=budget, pairing=pairing,
                                   order="early")  # fmt: skip
 

@@ -5,6 +5,7 @@ cycle check without building the schedule, and one rendering per lowering for al
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -39,18 +40,25 @@ def _reference_deps(rb: reader.ReadBack, sl: slicing.Slicing, k: int) -> tuple[n
     """The sliced schedule's dependencies by their definition (slicing.py's docstring): the
     file's within each iteration, the threadblock's last send and receive of the previous one,
     the same transfer `depth` iterations back; every edge listed, then sorted and made
-    distinct."""
-    base = ScheduleArrays.from_schedule(rb.schedule)
+    distinct. Charged local operations (`rb.timed`, after the sends) are a send and a receive
+    of their threadblock."""
+    charged = slicing.CHARGE_LOCAL_STEPS and rb.timed is not None
+    base = ScheduleArrays.from_schedule(rb.timed if charged and rb.timed else rb.schedule)
     n = len(base)
     tb_base = np.concatenate([[0], np.cumsum(rb.threadblocks)]).astype(np.int64)
-    send_tb = tb_base[base.src] + rb.send_tb
+    none = np.zeros(0, dtype=np.int32)
+    local_tb = rb.local_tb if charged and rb.local_tb is not None else none
+    local_step = rb.local_step if charged and rb.local_step is not None else none
+    send_tb = tb_base[base.src] + np.concatenate([rb.send_tb, local_tb])
+    recv_tb, send_step, recv_step = (np.concatenate([a, b]) for a, b in (
+        (rb.recv_tb, local_tb), (rb.send_step, local_step), (rb.recv_step, local_step)))
     last_send: dict[int, int] = {}
     last_recv: dict[int, int] = {}
     for i in range(n):  # step positions grow along a threadblock: the last one wins
-        if send_tb[i] not in last_send or rb.send_step[i] > rb.send_step[last_send[send_tb[i]]]:
+        if send_tb[i] not in last_send or send_step[i] > send_step[last_send[send_tb[i]]]:
             last_send[int(send_tb[i])] = i
-        rtb = int(tb_base[base.dst[i]] + rb.recv_tb[i])
-        if rtb not in last_recv or rb.recv_step[i] > rb.recv_step[last_recv[rtb]]:
+        rtb = int(tb_base[base.dst[i]] + recv_tb[i])
+        if rtb not in last_recv or recv_step[i] > recv_step[last_recv[rtb]]:
             last_recv[rtb] = i
     conn = [(int(base.src[i]), int(base.dst[i]), int(base.channel[i])) for i in range(n)]
     slots: dict[tuple[int, int, int], int] = {}
@@ -76,8 +84,11 @@ def _reference_deps(rb: reader.ReadBack, sl: slicing.Slicing, k: int) -> tuple[n
     return ptr, np.array([d for _, d in ordered], dtype=np.int64)
 
 
+@pytest.mark.parametrize("charged", [False, True])
 @pytest.mark.parametrize("coll", [Collective.ALLGATHER, Collective.ALLREDUCE])
-def test_sliced_dependencies_are_their_definition(coll: Collective) -> None:
+def test_sliced_dependencies_are_their_definition(coll: Collective, charged: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr(slicing, "CHARGE_LOCAL_STEPS", charged)
     for text in _texts(coll):
         for proto in PROTOCOLS:
             rb = reader.read_msccl(as_protocol(text, proto))
@@ -92,13 +103,16 @@ def test_sliced_dependencies_are_their_definition(coll: Collective) -> None:
 
 def test_unsorted_file_dependencies_are_sorted_and_made_distinct() -> None:
     rb = reader.read_msccl(_texts(Collective.ALLGATHER, 1)[0])
-    messy = [Transfer(t.src, t.dst, t.chunk, t.count, t.reduce, tuple(reversed(t.deps)) * 2,
-                      t.channel) for t in rb.schedule.transfers]  # fmt: skip
-    twin = reader.ReadBack(Schedule(**{**{f: getattr(rb.schedule, f) for f in
-                                          Schedule.__dataclass_fields__}, "transfers": messy}),
-                           rb.chunks_per_loop, rb.send_tb, rb.recv_tb, rb.send_step,
-                           rb.recv_step, rb.threadblocks)  # fmt: skip
-    assert any(len(t.deps) > 2 for t in messy)
+
+    def mess(s: Schedule) -> Schedule:
+        return replace(s, transfers=[Transfer(t.src, t.dst, t.chunk, t.count, t.reduce,
+                                              tuple(reversed(t.deps)) * 2, t.channel)
+                                     for t in s.transfers])  # fmt: skip
+
+    # the file's local copies are timed too (slicing.CHARGE_LOCAL_STEPS): messed up alike
+    twin = replace(rb, schedule=mess(rb.schedule),
+                   timed=None if rb.timed is None else mess(rb.timed))  # fmt: skip
+    assert any(len(t.deps) > 2 for t in twin.schedule.transfers)
     sl = slicing.slicing("Simple", 1 << 26, rb.chunks_per_loop, Collective.ALLGATHER)
     for k in (1, 4):
         a, b = slicing.structure(rb, sl, k), slicing.structure(twin, sl, k)

@@ -87,7 +87,7 @@ def test_aligned_allreduce_has_one_peer_per_part_and_fits_where_cyclic_does_not(
     assert two
     fits = 0
     for sk in two[:4]:
-        fab = asm._aligned(asm.Fabric(dims), [asm.Column(sk, 1)])
+        fab = asm.aligned_fabric(asm.Fabric(dims), [asm.Column(sk, 1)])
         assert isinstance(fab, asm.AlignedFabric)
         arr = _build(dims, sk, Collective.ALLREDUCE, fab)
         cyclic = _build(dims, sk, Collective.ALLREDUCE, asm.Fabric(dims))
@@ -150,7 +150,7 @@ def tier_allreduce() -> tuple[ScheduleArrays, Candidate]:
     pats = asm.Patterns(engine._solve(dims, [sk], True, 1, Collective.ALLREDUCE, 1,
                                       engine.COARSE_NODES))  # fmt: skip
     arr = engine._build(asm.Fabric(dims), Collective.ALLREDUCE, cand, pats, 1, 0, "t")
-    deals, why, _ = engine._deals(asm._aligned(asm.Fabric(dims), cand.columns), arr, 12)
+    deals, why, _ = engine._deals(asm.aligned_fabric(asm.Fabric(dims), cand.columns), arr, 12)
     assert deals, why
     return deals[0], cand
 

@@ -28,6 +28,7 @@ from .sketch import Sketch, Stage
 MAX_CHANNELS = 8
 FIFO_SLOTS = 1
 REDUCE_WINDOW = 1
+Chain = tuple[int, int]  # (rank, chunk): the buffer a chain of reduces writes (`reverse`)
 # Split sketches bundled per AllGather (bundled_picks): each costs a 512-rank lowering and a
 # full read-back per file timed (docs/synthesis-scale.md, "Bundled AllGather on 512 GPUs").
 BUNDLE_SHORTLIST = 1
@@ -280,7 +281,7 @@ def fabric_translations(fab: Fabric) -> Translations:
     return Translations(fab.refined if isinstance(fab, AlignedFabric) else fab.sizes)
 
 
-def _aligned(fab: Fabric, columns: list[Column]) -> Fabric:
+def aligned_fabric(fab: Fabric, columns: list[Column]) -> Fabric:
     """The aligned fabric of the columns' common split (the fabric itself when they differ)."""
     splits = {c.sketch.split(fab.dims) for c in columns}
     if len(splits) != 1 or any(st.kind == "relay" for c in columns for st in c.sketch.stages):
@@ -358,7 +359,7 @@ def allgather_bundled(fab: Fabric, columns: list[Column], patterns: Patterns, pi
     blocks = _split(columns, pieces)
     cpr = len(blocks) * pieces
     trees = [Tree(sk, range(off, off + k)) for sk, off, k in blocks]
-    fab = _aligned(fab, columns)
+    fab = aligned_fabric(fab, columns)
     broadcast_trees(fab, trees, patterns, 0, b, symmetric=True, stream=False)
     t, n = len(b), fab.nranks
     stage = np.asarray(b.stage, dtype=np.int64)
@@ -494,14 +495,19 @@ def broadcast(fab: Fabric, columns: list[Column], patterns: Patterns, pieces: in
 
 
 def reverse(
-    ag: ScheduleArrays, coll: Collective, name: str, fab: Fabric | None = None
-) -> ScheduleArrays:
+    ag: ScheduleArrays, coll: Collective, name: str, fab: Fabric | None = None,
+    in_rounds: bool = False,
+) -> ScheduleArrays:  # fmt: skip
     """AllGather run backwards: each transfer reversed into a reduce, deps reversed.
 
     Reduces into one (rank, chunk) are chained so that no two writes race (the checker demands a
-    dependency path between writes of one buffer). Reduces of one owner's data into one GPU over
-    one dimension are chained as well: otherwise every piece's chain shares the port, all finish
-    together, and the next stage cannot start early (no overlap).
+    dependency path between writes of one buffer). By default they chain in reverse AllGather
+    emission order, and reduces of one owner's data into one GPU over one dimension are chained
+    as well: otherwise every piece's chain shares the port, all finish together, and the next
+    stage cannot start early (no overlap). `in_rounds`: the chains' order and every connection's
+    queue (`translate_roots` queues by emission) follow `reduce_rounds` instead, so the reduces
+    a GPU takes in from its peers at once go into different chunks (docs/synthesis.md,
+    "syccl-a800-16 ReduceScatter (session 9)"); neither order wins on every schedule.
     """
     n = len(ag)
     succ: list[list[int]] = [[] for _ in range(n)]
@@ -509,34 +515,132 @@ def reverse(
     for i in range(n):
         for d in idx[ptr[i] : ptr[i + 1]]:
             succ[d].append(i)
-    # Reverse order: the reversed transfer i runs after the reversed children of i.
+    # The reversed transfer i runs after the reversed children of i.
     order = list(range(n - 1, -1, -1))
+    if in_rounds:
+        rnd = reduce_rounds(ag, succ, fab)
+        order.sort(key=lambda i: rnd[i])  # stable: reverse emission within a round
     new_of = {old: pos for pos, old in enumerate(order)}
     src, dst, chunk = ag.dst.tolist(), ag.src.tolist(), ag.chunk.tolist()
     b = Builder()
-    last_chunk: dict[tuple[int, int], int] = {}
+    last_chunk: dict[Chain, int] = {}
     window: dict[tuple[int, int, int], list[int]] = {}
     cpr = ag.chunks_per_rank
     for old in order:
         deps = {new_of[c] for c in succ[old]}
         s_, d_, c_ = src[old], dst[old], chunk[old]
-        dim = 0
-        if fab is not None:
-            dim = next(k for k in range(len(fab.dims)) if fab.coord(s_, k) != fab.coord(d_, k))
-        kc, kp = (d_, c_), (d_, c_ // cpr, dim)
-        prev = last_chunk.get(kc)
+        prev = last_chunk.get((d_, c_))
         if prev is not None:
             deps.add(prev)
-        # At most REDUCE_WINDOW reduces of one owner into one port in flight: pieces complete
-        # in order, so the next stage starts on the first ones (measured best at 1).
-        inflight = window.setdefault(kp, [])
-        if len(inflight) >= REDUCE_WINDOW:
-            deps.add(inflight.pop(0))
+        if not in_rounds:
+            dim = 0
+            if fab is not None:
+                dim = next(k for k in range(len(fab.dims)) if fab.coord(s_, k) != fab.coord(d_, k))
+            # At most REDUCE_WINDOW reduces of one owner into one port in flight: pieces
+            # complete in order, so the next stage starts on the first ones (measured best at 1).
+            inflight = window.setdefault((d_, c_ // cpr, dim), [])
+            if len(inflight) >= REDUCE_WINDOW:
+                deps.add(inflight.pop(0))
         i = b.add(s_, d_, c_, tuple(sorted(deps)), int(ag.count[old]), int(ag.channel[old]),
                   reduce=True)  # fmt: skip
-        last_chunk[kc] = i
-        inflight.append(i)
+        last_chunk[(d_, c_)] = i
+        if not in_rounds:
+            inflight.append(i)
     return b.arrays(name, coll, ag.nranks, ag.chunks_per_rank, channels=ag.channels)
+
+
+def reduce_rounds(ag: ScheduleArrays, succ: list[list[int]], fab: Fabric | None) -> list[int]:
+    """Per transfer of root 0's AllGather `ag`, the round its reverse (a reduce) runs in.
+
+    In a round each connection class carries one reduce (a translate of root 0's part: the
+    transfers of one offset dst - src share every connection of that offset, one root each) and
+    each (rank, chunk) takes one reduce; a reduce runs after every reduce into the chunk it
+    sends. Each round takes a maximum matching of connection classes to chunks, the ready
+    reduces with the most work still ahead of them first: the reduces left in their chunk's
+    chain plus in each chain their data then joins, to the owner. Chaining the reduces in AG
+    emission order instead put all of a GPU's peers on one chunk at a time (docs/synthesis.md,
+    "syccl-a800-16 ReduceScatter (session 9)").
+    """
+    n = len(ag)
+    ptr, idx = ag.dep_ptr.tolist(), ag.dep_idx.tolist()
+    # The chain (rank, chunk) each reduce writes, numbered; and the chain its sum then joins.
+    pairs = ag.src.astype(np.int64) * ag.chunks_per_rank * ag.nranks + ag.chunk
+    keys, into = np.unique(pairs, return_inverse=True)
+    then = np.full(len(keys), -1, dtype=np.int64)
+    for i in range(n):
+        for d in idx[ptr[i] : ptr[i + 1]]:
+            then[into[i]] = into[d]
+    depth = np.zeros(len(keys), dtype=np.int64)
+    for c in _chain_order(then):
+        if then[c] >= 0:
+            depth[c] = depth[then[c]] + 1
+    levels = [np.flatnonzero(depth == k) for k in range(1, int(depth.max(initial=0)) + 1)]
+    left = np.bincount(into, minlength=len(keys)).astype(np.int64)
+    if fab is not None:
+        conn = fabric_translations(fab).sub(ag.src.astype(np.int64), ag.dst.astype(np.int64))
+    else:
+        conn = ag.src.astype(np.int64) * ag.nranks + ag.dst
+    waiting = [len(s) for s in succ]
+    ready = np.array([i for i in range(n) if not waiting[i]], dtype=np.int64)
+    rnd = np.full(n, -1, dtype=np.int64)
+    r = 0
+    while len(ready):
+        ahead = left.copy()
+        for lv in levels:
+            ahead[lv] += ahead[then[lv]]
+        ranked = ready[np.lexsort((-ready, -ahead[into[ready]]))]
+        picked = _matching(ranked, conn, into)
+        rnd[picked] = r
+        left[into[picked]] -= 1
+        fresh = []
+        for i in picked:
+            for d in idx[ptr[i] : ptr[i + 1]]:
+                waiting[d] -= 1
+                if not waiting[d]:
+                    fresh.append(d)
+        ready = np.concatenate((ready[rnd[ready] < 0], np.array(fresh, dtype=np.int64)))
+        r += 1
+    return rnd.tolist()
+
+
+def _chain_order(then: np.ndarray) -> list[int]:
+    """Chains ordered so each comes after the chain its sum joins."""
+    seen = np.zeros(len(then), dtype=bool)
+    out: list[int] = []
+    for c in range(len(then)):
+        path = []
+        while c >= 0 and not seen[c]:
+            seen[c] = True
+            path.append(c)
+            c = int(then[c])
+        out += reversed(path)
+    return out
+
+
+def _matching(ranked: np.ndarray, conn: np.ndarray, into: np.ndarray) -> list[int]:
+    """A maximum matching of connection classes to chains among the ready reduces `ranked`
+    (most urgent first): augmenting paths from each class in order of its most urgent one."""
+    by_conn: dict[int, list[int]] = {}
+    for i, k in zip(ranked.tolist(), conn[ranked].tolist(), strict=True):
+        by_conn.setdefault(k, []).append(i)
+    holder: dict[int, int] = {}
+    picked: dict[int, int] = {}
+
+    def augment(k: int, seen: set[int]) -> bool:
+        for i in by_conn[k]:
+            c = int(into[i])
+            if c in seen:
+                continue
+            seen.add(c)
+            j = holder.get(c)
+            if j is None or augment(int(conn[j]), seen):
+                holder[c], picked[k] = i, i
+                return True
+        return False
+
+    for k in by_conn:
+        augment(k, set())
+    return list(picked.values())
 
 
 def allreduce(rs: ScheduleArrays, ag: ScheduleArrays, name: str) -> ScheduleArrays:

@@ -43,12 +43,14 @@ from ..model.formats.msccl.slicing import iterations_to_simulate, slicing
 from ..model.formats.msccl.stream import render_lowering, write_lowering
 from ..model.formats.msccl.writer import MscclFormatError, MscclLowering, lower_msccl
 from ..model.nccl.default import default_estimate, nccl_default, nccl_graph
-from ..model.schedule.ir import ScheduleArrays
+from ..model.schedule.ir import Schedule, ScheduleArrays
 from ..model.sim.routing import Router
 from ..model.sim.simulate import simulate
 from . import DEFAULT_WORK_BUDGET, mesh, side, timed
 from . import alltoall as a2a
 from . import assemble as asm
+from . import rail_ring as rings
+from . import rail_ring_reduce as rrr
 from . import reduce_bundled as rb
 from . import reduce_small as rsm
 from .combine import Candidate, candidates, port_payload_gbps
@@ -64,6 +66,11 @@ MAX_CHUNKS = 32  # chunks per root in a pipelined variant (transfers grow with i
 # Above 64 ranks a 512-rank variant holds ~0.26M transfers per chunk of a root.
 MAX_CHUNKS_LARGE = 48
 MAX_CHUNKS_SMALL = 8
+# ReduceScatter/AllReduce variants with reduces chained in rounds (assemble.reduce_rounds) run
+# from this size up, screened apart from the others: below it their files lost to the emission
+# order's (docs/synthesis.md, "syccl-a800-16 ReduceScatter (session 9)").
+ROUNDS_FROM = 16 << 20
+RING_SLACK = 1.05  # rail-ring files timed up to this much slower as schedules (below)
 # Branch-and-bound nodes per sub-demand MILP. Work limits, not the time budget, bound the solves,
 # so the same request gives the same patterns on any machine (the budget only cuts evaluation).
 COARSE_NODES = 500
@@ -295,6 +302,7 @@ def synthesize(
     dropped: list[str] = []
     least = 0  # threadblocks per GPU the leanest variant needs
     deals_of: dict[str, list[ScheduleArrays]] = {}  # channel deals that may fit, best first
+    in_rounds: set[str] = set()  # variants whose reduces chain in rounds (ROUNDS_FROM)
 
     def add_variant(label: str, built: ScheduleArrays, on: asm.Fabric = fab) -> None:
         nonlocal least
@@ -327,8 +335,14 @@ def synthesize(
             label = f"{cand.label}/p{pieces}x{depth}"
             deep = Candidate(cand.label, [asm.Column(c.sketch, c.blocks * depth)
                                           for c in cand.columns], 0.0, 0.0)  # fmt: skip
-            add_variant(label, _build(fab, coll, deep, patterns, pieces, root, label),
-                        asm._aligned(fab, deep.columns) if _aligns(coll) else fab)  # fmt: skip
+            on = asm.aligned_fabric(fab, deep.columns) if _aligns(coll) else fab
+            add_variant(label, _build(fab, coll, deep, patterns, pieces, root, label), on)
+            if coll in (Collective.REDUCESCATTER, Collective.ALLREDUCE) and label in deals_of:
+                # Reduces also chained in rounds (assemble.reduce_rounds): neither order wins on
+                # every schedule (docs/synthesis.md, "syccl-a800-16 ReduceScatter (session 9)").
+                twin = f"{label}/rounds"
+                add_variant(twin, _build(fab, coll, deep, patterns, pieces, root, twin, True), on)
+                in_rounds.add(twin)
     if coll in rb.BUNDLED and stats.split and (not variants or coll == Collective.ALLREDUCE):
         # Nothing fits the step limit (h800-rail-512): split AllGathers bundled, several roots'
         # chunks per transfer (docs/synthesis.md, "Bundled AllGather on aligned splits"), and
@@ -375,6 +389,7 @@ def synthesize(
     # The lowering that passed, per label: every range's file of that schedule renders from it
     # (lowering is the writer's costly part, and it does not depend on the protocol or range).
     lowered: dict[str, MscclLowering] = {}
+    as_schedule = LastSchedule()  # each lowering of one variant reads the same transfers
 
     def verified(label: str) -> bool:
         """Lowered exactly (the writer's threadblocks, steps and nops) only when needed: the
@@ -390,7 +405,7 @@ def synthesize(
                     clock.spend(len(arr))
                     low = None
                     try:
-                        low = lower_msccl(arr.to_schedule(), max_threadblocks=budget,
+                        low = lower_msccl(as_schedule(arr), max_threadblocks=budget,
                                           pairing=pairing, order="early")  # fmt: skip
                         low.require(max_threadblocks=budget)
                         break
@@ -419,7 +434,7 @@ def synthesize(
             paired[label] = [label]
             if label in lowered:
                 try:
-                    alt = lower_msccl(arr_of[label].to_schedule(), max_threadblocks=budget,
+                    alt = lower_msccl(as_schedule(arr_of[label]), max_threadblocks=budget,
                                       pairing="balanced", order="early")  # fmt: skip
                     alt.require(max_threadblocks=budget)
                 except MscclFormatError:
@@ -433,7 +448,8 @@ def synthesize(
                 times = timed.key_times(arr_of[label], topo, router, sizes[-1])
                 for lb in list(paired[label]):
                     pairing = timed.pairing_of(lb)
-                    low = timed.timed_lowering(arr_of[label], budget, pairing, times)
+                    low = timed.timed_lowering(arr_of[label], budget, pairing, times,
+                                               as_schedule(arr_of[label]))  # fmt: skip
                     if low is not None:
                         twin = timed.file_label(label, pairing, True)
                         arr_of[twin], lowered[twin], sel_from[twin] = arr_of[label], low, sel_from[label]
@@ -451,8 +467,26 @@ def synthesize(
     # The smallest minBytes from which the executor selects each variant at every callable size.
     sel_from = {lb: first_selected(coll, topo.world_size, _chunks_per_loop(arr), 1)
                 for lb, arr in variants}  # fmt: skip
+    for lb in in_rounds & sel_from.keys():
+        start = sel_from[lb]
+        sel_from[lb] = None if start is None else max(start, ROUNDS_FROM)
     sel_from.update({lb: first_selected(coll, topo.world_size, _chunks_per_loop(arr_of[lb]), 1)
                      for lb in lean})  # fmt: skip
+    # Rail-ring AllGather files (rail_ring.py), built as lowerings: timed beside the finalists.
+    ringed = []
+    for lb, arr, low in rings.files(dims, budget, lambda x: _schedule_name(coll, x)) \
+            if coll == Collective.ALLGATHER else ():  # fmt: skip
+        arr_of[lb], lowered[lb], verdict[lb] = arr, low, True
+        sel_from[lb] = first_selected(coll, topo.world_size, _chunks_per_loop(arr), 1)
+        ringed.append(lb)
+    # Rail-ring ReduceScatter/AllReduce (rail_ring_reduce.py): built as files, not searched;
+    # timed as files at grid sizes from rrr.MIN_BYTES (between them, where one won a neighbour).
+    rail_reduces: list[str] = []
+    for v in rrr.variants(dims, coll, budget, _schedule_name(coll, "rail-ring")):
+        clock.spend(len(v.arrays))
+        arr_of[v.label], lowered[v.label], verdict[v.label] = v.arrays, v.lowering, True
+        sel_from[v.label] = first_selected(coll, topo.world_size, _chunks_per_loop(v.arrays), 1)
+        rail_reduces.append(v.label)
     say(f"{len(variants)} candidate schedules assembled", 0.45)
 
     # Evaluate: screen every variant at the smallest and largest size, then simulate the few
@@ -489,7 +523,7 @@ def synthesize(
             if (label, proto) not in files and rendered is not None:
                 files[(label, proto)] = as_protocol(rendered, proto)
             if (label, proto) not in files:
-                low = lowered.get(label) or lower_msccl(arr_of[label].to_schedule(),
+                low = lowered.get(label) or lower_msccl(as_schedule(arr_of[label]),
                                                         max_threadblocks=budget, order="early")  # fmt: skip
                 files[(label, proto)] = render_lowering(low, name=label, proto=proto,
                                                         nchannels=arr_of[label].channels)  # fmt: skip
@@ -508,14 +542,21 @@ def synthesize(
         mid = min(live, key=lambda x: abs(math.log2(x) - 26))
         points = ((live[0], 2), (mid, 2), (live[-1], 2))
         # Variant-major, so each variant's symmetric structure is computed once (cached).
-        times = [[run(arr, at, _protocols(at)[0 if at == live[0] else -1]) for at, _ in points]
-                 for _, arr in variants]  # fmt: skip
+        times = [[math.inf if lb in in_rounds and at < ROUNDS_FROM else
+                  run(arr, at, _protocols(at)[0 if at == live[0] else -1]) for at, _ in points]
+                 for lb, arr in variants]  # fmt: skip
         # Only variants that make the cut are lowered exactly; one that does not fit gives its
-        # place to the next in line.
-        for k, (_, top) in enumerate(points):
+        # place to the next in line. Variants chained in rounds add their best one, apart, where
+        # its schedule beats the others' (a slower schedule only adds a file to time).
+        for k, (at, top) in enumerate(points):
             ranked = sorted(range(len(variants)), key=lambda v: times[v][k])
-            keep += itertools.islice((variants[v][0] for v in ranked
-                                      if verified(variants[v][0])), top)  # fmt: skip
+            plain = min((times[v][k] for v in ranked if variants[v][0] not in in_rounds),
+                        default=math.inf)  # fmt: skip
+            for chained, n_keep in ((False, top), (True, 1 if at >= ROUNDS_FROM else 0)):
+                keep += itertools.islice((variants[v][0] for v in ranked
+                                          if (variants[v][0] in in_rounds) == chained
+                                          and (not chained or times[v][k] < plain)
+                                          and verified(variants[v][0])), n_keep)  # fmt: skip
     else:
         keep = [v[0] for v in variants if verified(v[0])]
     finalists = [(lb, arr_of[lb]) for lb, _ in variants if lb in keep]
@@ -570,7 +611,10 @@ def synthesize(
             lo = max(j for j in grid if j < i)
             hi = min(j for j in grid if j > i)
             names = {winners.get(lo), winners.get(hi)}
-            tried = [v for v in finalists if v[0] in names] or finalists
+            # next to a rail ring's win, the finalists as at a grid size (the ring is no
+            # finalist: the other neighbour's winner alone lost up to 1.2x, rail-64 AllReduce)
+            tried = [v for v in finalists if v[0] in names and not names & set(rail_reduces)] \
+                or finalists  # fmt: skip
 
         def runs_at(v: tuple[str, ScheduleArrays], at: int = s) -> bool:
             start = sel_from[v[0]]
@@ -593,7 +637,8 @@ def synthesize(
         # grid points the file(s) that won at either end are timed; where NCCL won at one end
         # the engine's best is timed too. Every synthesized time reported is a file's.
         best: tuple[float, str, str] | None = None
-        edge = i in grid or any(picks[j].chosen.startswith("nccl:") for j in (lo, hi))
+        edge = i in grid or any(picks[j].chosen.startswith("nccl:") or picks[j].chosen in rail_reduces
+                                for j in (lo, hi))  # fmt: skip
         if not edge:
             best = min(engine_times, default=None)
             won = {(picks[j].chosen, picks[j].protocol) for j in (lo, hi)}
@@ -635,6 +680,20 @@ def synthesize(
                     f = file_us(lb, pr, s)
                     if not math.isinf(f) and (best is None or f < best[0]):
                         best = (f, lb, pr)
+        # Rail rings: every one at grid sizes, between them those that won at either end; none
+        # whose schedule is RING_SLACK slower than the best file so far (its FIFOs let a ring
+        # file beat its one-in-flight schedule, by 1.7% on h800-rail-64 at 1 GiB).
+        for name in ringed if edge else [lb for lb in ringed if lb in (winners.get(lo), winners.get(hi))]:
+            for pr in _protocols(s) if runs_at((name, arr_of[name])) else ():
+                if best is None or run(arr_of[name], s, pr) < RING_SLACK * best[0]:
+                    f = file_us(name, pr, s)
+                    if not math.isinf(f) and (best is None or f < best[0]):
+                        best = (f, name, pr)
+        for name in rail_reduces if edge and s >= rrr.MIN_BYTES else []:
+            for pr in (x for x in _protocols(s) if x in rrr.PROTOCOLS):
+                f = file_us(name, pr, s) if runs_at((name, arr_of[name])) else math.inf
+                if not math.isinf(f) and (best is None or f < best[0]):
+                    best = (f, name, pr)
         if apart is not None:
             apart.done_with(s)
         if best is not None:
@@ -679,6 +738,22 @@ def synthesize(
     result.work = clock.spent
     say("done", 1.0)
     return result
+
+
+class LastSchedule:
+    """`arr.to_schedule()` of the last schedule asked for, built once: a variant's lowerings
+    (each pairing, "early" and time-ordered) come one after another and read the same
+    transfers, which the writer does not change (0.1 s per 100k transfers to build). One is
+    held, so memory stays what a lowering holds anyway; keyed by identity with the arrays
+    held, so another schedule (equal or not) never gets it."""
+
+    def __init__(self) -> None:
+        self._last: tuple[ScheduleArrays, Schedule] | None = None
+
+    def __call__(self, arr: ScheduleArrays) -> Schedule:
+        if self._last is None or self._last[0] is not arr:
+            self._last = (arr, arr.to_schedule())
+        return self._last[1]
 
 
 def _mesh_sizes(result: SynthesisResult, topo: ClusterTopology, coll: Collective, router: Router,
@@ -979,7 +1054,7 @@ def _schedule_name(coll: Collective, label: str) -> str:
 
 
 def _build(fab: asm.Fabric, coll: Collective, cand: Candidate, patterns: asm.Patterns,
-           pieces: int, root: int, label: str) -> ScheduleArrays:  # fmt: skip
+           pieces: int, root: int, label: str, in_rounds: bool = False) -> ScheduleArrays:  # fmt: skip
     cols = cand.columns
     name = _schedule_name(coll, label)
     if coll == Collective.BROADCAST:
@@ -991,12 +1066,12 @@ def _build(fab: asm.Fabric, coll: Collective, cand: Candidate, patterns: asm.Pat
     # aligned blocks: in an AllReduce a cyclic span-2 part sends to +1 and receives from -1
     # (two peers), an aligned one sends to and receives from its partner (one).
     if _aligns(coll):
-        fab = asm._aligned(fab, cols)
+        fab = asm.aligned_fabric(fab, cols)
     ag = asm.allgather_root0(fab, cols, patterns, pieces, name)
     cpr = ag.chunks_per_rank
     if coll == Collective.ALLGATHER:
         return asm.translate_roots(fab, ag, cpr)
-    rs = asm.reverse(ag, Collective.REDUCESCATTER, name, fab)
+    rs = asm.reverse(ag, Collective.REDUCESCATTER, name, fab, in_rounds)
     if coll == Collective.REDUCESCATTER:
         return asm.translate_roots(fab, rs, cpr)
     return asm.translate_roots(fab, asm.allreduce(rs, ag, name), cpr)

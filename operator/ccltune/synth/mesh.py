@@ -10,8 +10,8 @@ whole collective is one sub-demand on the server's GPU graph (group.GroupTopo.gp
   (copies queue on their channel, so a later copy's first hop overlaps an earlier copy's relay).
 - ReduceScatter: the AllGather reversed; AllReduce: ReduceScatter then AllGather. On a full
   mesh also direct sends whose contributions arrive at once into scratch and are reduced
-  locally (formats/msccl/scratch.py), instead of reduces chained into one buffer: built and
-  tested, not offered until the read-back charges local reduces (SCRATCH_REDUCES).
+  locally (formats/msccl/scratch.py), instead of reduces chained into one buffer: offered
+  where the read-back charges local reduces (SCRATCH_REDUCES).
 - AlltoAll: each pair's data split into pieces over direct and one-relay paths by an LP that
   minimises the busiest link's load per lane (max-flow routing: on the cube-mesh a 1-link
   pair's data partly rides a 2-link neighbour), on every channel.
@@ -41,6 +41,7 @@ from ..model.cost.gpu import gpu_physics
 from ..model.cost.protocols import PROTOCOLS, protocol_cost
 from ..model.formats.msccl import scratch
 from ..model.formats.msccl.limits import MAX_STEPS, first_selected
+from ..model.formats.msccl.slicing import CHARGE_LOCAL_STEPS
 from ..model.formats.msccl.stream import render_lowering
 from ..model.formats.msccl.writer import MscclFormatError, MscclLowering, lower_msccl
 from ..model.nccl.default import nccl_graph
@@ -191,11 +192,11 @@ def variants(topo: ClusterTopology, coll: Collective, budget: int,
     return out
 
 
-# Off until the read-back charges local `re` steps: it times only transfers, so the reducing
-# threadblocks' work (mi300x-8 64 MiB: ~12 MiB each, ~1.2 ms at the 10.5 GB/s of one
-# threadblock, where the file is timed at ~200 us) costs nothing, while an `rrc` pays its
-# reduce at the receive's rate. docs/synthesis.md "Single-server meshes", session 8.
-SCRATCH_REDUCES = False
+# Offered exactly when the read-back charges local steps: uncharged, the reducing threadblocks'
+# `re`s cost nothing while an `rrc` pays its reduce at the receive's rate. Charged, they win a
+# few sizes (mi300x-8 AllReduce 64 KiB-4 MiB, cube-mesh-4 AllReduce 4 MiB; docs/synthesis.md
+# "Session 9: local steps charged").
+SCRATCH_REDUCES = CHARGE_LOCAL_STEPS
 SCRATCH_CHUNKS = (16,)  # chunks per rank of the direct scratch-reduce variants (below)
 SCRATCH_GROUPS = (1, 2, 4)  # chunks per reduce, the fewest the step limit allows
 

@@ -18,7 +18,7 @@ from ..model.cost.gpu import gpu_physics
 from ..model.cost.protocols import protocol_cost
 from ..model.formats.msccl.writer import MscclFormatError, MscclLowering, lower_timed
 from ..model.nccl.default import nccl_graph
-from ..model.schedule.ir import ScheduleArrays
+from ..model.schedule.ir import Schedule, ScheduleArrays
 from ..model.sim.routing import Router
 from ..model.sim.simulate import simulate
 
@@ -62,12 +62,14 @@ def key_times(arr: ScheduleArrays, topo: ClusterTopology, router: Router,
 
 
 def timed_lowering(arr: ScheduleArrays, budget: int, pairing: str,
-                   times: tuple[list[float], list[float]]) -> MscclLowering | None:  # fmt: skip
+                   times: tuple[list[float], list[float]],
+                   schedule: Schedule | None = None) -> MscclLowering | None:  # fmt: skip
     """The time-ordered lowering with that pairing, within the budget and the executor's step
     limit; None where the times give no such file (the "early" one is timed already) or it
-    does not fit."""
+    does not fit. `schedule`: `arr.to_schedule()` where the caller has it."""
     try:
-        low = lower_timed(arr.to_schedule(), times, max_threadblocks=budget, pairing=pairing)
+        low = lower_timed(arr.to_schedule() if schedule is None else schedule, times,
+                          max_threadblocks=budget, pairing=pairing)  # fmt: skip
         if low is not None:
             low.require(max_threadblocks=budget)
     except MscclFormatError:

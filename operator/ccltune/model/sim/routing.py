@@ -318,12 +318,12 @@ class Router:
         self, routes: Iterable[Sequence[int]]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Paths of many (src, dst) or (src, dst, slot) routes as CSR: (offsets, channels,
-        summed latency)."""
+        summed latency). A route from a rank to itself (local work) crosses no link."""
         offsets = [0]
         chans: list[int] = []
         lats: list[float] = []
         for route in routes:
-            p = self.path(*route)
+            p = self.path(*route) if route[0] != route[1] else ()
             chans.extend(p)
             offsets.append(len(chans))
             lats.append(float(self.latency[list(p)].sum()))

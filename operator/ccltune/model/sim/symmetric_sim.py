@@ -29,7 +29,7 @@ from ...api.common import Collective
 from ..cost.protocols import ProtocolCost
 from ..schedule.ir import ScheduleArrays
 from .arrays import sorted_unique
-from .capacity import nvlink_channels
+from .capacity import nvlink_channels, threadblock_ports
 from .routing import Router
 from .translations import Translations
 
@@ -81,10 +81,13 @@ def _layout(s: ScheduleArrays, grp: Translations) -> tuple[np.ndarray, np.ndarra
     return "transfers are not N translates of one root's transfers"
 
 
-def _translate_major(s: ScheduleArrays, grp: Translations) -> np.ndarray | None:
+def _translate_major(
+    s: ScheduleArrays, grp: Translations
+) -> tuple[np.ndarray, np.ndarray | None] | None:
     """An order of the transfers as N translates of rank 0's sends (None: none exists): each
     rank's sends grouped by what a translation keeps (peer offset, count, channel, reduce), in
-    their own order within a group. The caller re-checks every premise on the result."""
+    their own order within a group; and threadblock labels for it (`_translated_labels`). The
+    caller re-checks every premise on the result."""
     n, big_n = len(s), grp.n
     if n % big_n:
         return None
@@ -104,16 +107,50 @@ def _translate_major(s: ScheduleArrays, grp: Translations) -> np.ndarray | None:
             break
     else:
         return None
-    if s.tb is not None:
-        # Threadblock ids are per file (not translates of each other): relabel each by its
-        # rank-0 counterpart where that is one-to-one on every rank, else give up.
-        tb = s.tb[order].astype(np.int64).reshape(big_n, -1)
-        m = int(tb.max()) + 1
-        block = np.arange(big_n, dtype=np.int64)[:, None] * m
-        if not (len(np.unique(tb * m + tb[0])) == len(np.unique(tb))
-                == len(np.unique(block + tb[0])) == len(np.unique(block + tb))):  # fmt: skip
-            return None
-    return order
+    if s.tb is None:
+        return order, None
+    labels = _translated_labels(s, order, big_n)
+    return None if labels is None else (order, labels)
+
+
+def _translated_labels(s: ScheduleArrays, order: np.ndarray, big_n: int) -> np.ndarray | None:
+    """[2, n] labels of each transfer's sending and receiving threadblock side, indexed as `s`,
+    equal across translates and naming the same sides as `s.tb` (capacity.threadblock_ports) up
+    to renaming; None if there are none such. Ids are per file, not translates of each other: a
+    transfer takes its rank-0 counterpart's id. A local operation (src == dst) shares a side
+    with the transfers whose id it carries where their end is on its GPU (slicing._sides: its
+    threadblock's receive side, else its send side) and takes their label there; its other
+    sides are its own, labelled past every transfer's."""
+    assert s.tb is not None
+    tb = s.tb[order].astype(np.int64)
+    if tb.min(initial=0) < 0:
+        return None
+    label = np.tile(tb.reshape(big_n, -1)[0], big_n)
+    src, dst = s.src[order].astype(np.int64), s.dst[order].astype(np.int64)
+    sent = src != dst
+    ids = int(tb.max(initial=0)) + 1
+    of_id, src_of, dst_of = (np.full(ids, -1, dtype=np.int64) for _ in range(3))
+    of_id[tb[sent]], src_of[tb[sent]], dst_of[tb[sent]] = label[sent], src[sent], dst[sent]
+    if not (np.array_equal(of_id[tb[sent]], label[sent]) and np.array_equal(src_of[tb[sent]],
+            src[sent]) and np.array_equal(dst_of[tb[sent]], dst[sent])):  # fmt: skip
+        return None  # one id on transfers of two labels or two connections
+    own = label + int(label.max(initial=0)) + 1
+    sides = np.stack([np.where(sent | (src_of[tb] == src), of_id[tb], own),
+                      np.where(sent | (dst_of[tb] == dst), of_id[tb], own)])  # fmt: skip
+    rows = sides.reshape(2, big_n, -1)
+    if not (rows == rows[:, :1]).all():
+        return None
+    out = np.empty_like(sides)
+    out[:, order] = sides
+    was = threadblock_ports(s).astype(np.int64)
+    span = int(out.max()) + 1
+    src0, dst0 = s.src.astype(np.int64), s.dst.astype(np.int64)
+    now = np.unique(np.concatenate([src0 * span + out[0], (s.nranks + dst0) * span + out[1]]),
+                    return_inverse=True)[1].reshape(-1)  # fmt: skip
+    pairs = was.ravel() * (int(now.max()) + 1) + now
+    if not int(was.max()) == int(now.max()) == len(np.unique(pairs)) - 1:
+        return None  # sides merged or split
+    return out
 
 
 def _chunk_place(s: ScheduleArrays, grp: Translations, src: np.ndarray) -> list[np.ndarray]:
@@ -316,6 +353,8 @@ def prepare_symmetric(
     st = hit[2]
     if isinstance(st, str):
         return st
+    if protocol.tb_gbps is None and (s.src[st.reps] == s.dst[st.reps]).any():
+        return "local work without threadblock physics"  # simulate.py charges it nothing
     norb = len(st.orbit_cap)
     cap = st.orbit_cap * protocol.efficiency * 1e3
     if protocol.nvlink_efficiency != 1.0:
@@ -353,24 +392,28 @@ def _structure(s: ScheduleArrays, topo: ClusterTopology, router: Router) -> _Str
     return got
 
 
-def _structure_in(s: ScheduleArrays, router: Router, grp: Translations,
-                  reorder: bool = True) -> _Structure | str:  # fmt: skip
+def _structure_in(s: ScheduleArrays, router: Router, grp: Translations, reorder: bool = True,
+                  tb_sides: np.ndarray | None = None) -> _Structure | str:  # fmt: skip
+    """`tb_sides`: [2, n] threadblock side labels to use instead of `s.tb`
+    (`_translated_labels`)."""
     if grp.n != s.nranks or grp.n != router.nranks or len(s) == 0:
         return "the schedule does not span the whole fabric"
     if len(s.dep_idx) and ((s.dep_idx < 0) | (s.dep_idx >= len(s))).any():
         return "a dependency does not exist"
-    if ((s.src < 0) | (s.src >= grp.n) | (s.dst < 0) | (s.dst >= grp.n) | (s.src == s.dst)).any():
+    if ((s.src < 0) | (s.src >= grp.n) | (s.dst < 0) | (s.dst >= grp.n)).any():
         return "a transfer has an invalid rank"
     got = _layout(s, grp)
     if not isinstance(got, str):
-        return _quotient_structure(s, router, grp, np.ones_like(grp.sizes), *got)
+        return _quotient_structure(s, router, grp, np.ones_like(grp.sizes), *got, tb_sides=tb_sides)
     reason = got
     if reorder:
         # Not in N-translates order (a file read back lists each gpu's steps in turn): put it
         # in that order and check every premise again on the reordered arrays.
-        perm = _translate_major(s, grp)
-        if perm is not None:
-            st = _structure_in(_permuted(s, perm), router, grp, reorder=False)
+        got_order = _translate_major(s, grp)
+        if got_order is not None:
+            perm, labels = got_order
+            st = _structure_in(_permuted(replace(s, tb=None), perm), router, grp, reorder=False,
+                               tb_sides=None if labels is None else labels[:, perm])  # fmt: skip
             if not isinstance(st, str):
                 rep_of = np.empty_like(st.rep_of)
                 rep_of[perm] = st.rep_of
@@ -558,8 +601,10 @@ def _threadblocks_translate(s: ScheduleArrays, grp: Translations, rep: np.ndarra
 
 
 def _quotient_structure(s: ScheduleArrays, router: Router, grp: Translations, kstep: np.ndarray,
-                        rep: np.ndarray, elem: np.ndarray) -> _Structure | str:  # fmt: skip
-    """The quotient of `s`, transfer i being rep[i]'s image under elem[i] in K (steps `kstep`)."""
+                        rep: np.ndarray, elem: np.ndarray,
+                        tb_sides: np.ndarray | None = None) -> _Structure | str:  # fmt: skip
+    """The quotient of `s`, transfer i being rep[i]'s image under elem[i] in K (steps `kstep`);
+    `tb_sides` as in `_structure_in`."""
     nrep = len(s) // int(np.prod(grp.sizes // kstep))
     deps = _quotient_deps(s, rep, elem, nrep, grp)
     if isinstance(deps, str):
@@ -610,7 +655,9 @@ def _quotient_structure(s: ScheduleArrays, router: Router, grp: Translations, ks
     # Threadblock side classes: (rank's coset of H, threadblock) for the sender and the receiver;
     # without `tb` a threadblock is (channel, peer), the peer taken relative to the rank.
     src, dst = s.src[reps].astype(np.int64), s.dst[reps].astype(np.int64)
-    if s.tb is None:
+    if tb_sides is not None:
+        send_local, recv_local = tb_sides[0, reps], tb_sides[1, reps]
+    elif s.tb is None:
         ch = s.channel[reps].astype(np.int64)
         send_local, recv_local = ch * grp.n + grp.sub(dst, src), ch * grp.n + grp.sub(src, dst)
     else:

@@ -38,12 +38,16 @@ RECV_TYPES = frozenset({"r", "rcs", "rrs", "rrc", "rrcs"})
 REDUCING_TYPES = frozenset({"rrs", "rrc", "rrcs", "re"})
 READS_SRC = frozenset({"s", "rrs", "rrc", "rrcs", "cpy", "re"})
 WRITES_DST = frozenset({"r", "rcs", "rrc", "rrcs", "cpy", "re"})
+LOCAL_TYPES = frozenset({"cpy", "re"})  # steps that move data within the GPU only
+# msccl_struct.h MSCCL_MAX_REDUCE_FUSION: msccl_parser.cc ends a fused run of `re`s when its
+# threadblock's reductions so far reach 16 (it counts them per threadblock, not per run)
+MAX_REDUCE_FUSION = 16
 
 
 _Key = tuple[str, int, int, int]  # ("flag", gpu, tb, 0) / ("data"|"room", src, dst, chan)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # ~0.5M of them in a 512-GPU file
 class XStep:
     """One <step> of one threadblock, with its threadblock's peers and channel."""
 

@@ -9,6 +9,9 @@ place and in place as the file claims.
 The result is a Schedule whose transfers are the file's sends (one per run of consecutive
 chunks), timed by what the executor waits for: a transfer starts after the receives that precede
 its send and its receive, never after the sends before it (a send only fills a FIFO slot).
+Local steps (`cpy`, `re`; a run of `re`s msccl_parser.cc fuses counts once) are read too
+(`ReadBack.timed`): each is a transfer from its GPU to itself that blocks its threadblock as a
+receive does, timed when slicing.CHARGE_LOCAL_STEPS is on (docs/cost-model.md "Local steps").
 `read_msccl` also keeps each transfer's threadblocks and steps (`ReadBack`), which the runtime's
 slicing needs (slicing.py). A file whose ranks are rank 0's translates is parsed through rank 0
 (translates.py); the steps are the same, so the run and the proof are too.
@@ -16,9 +19,10 @@ slicing needs (slicing.py). A file whose ranks are rank 0's translates is parsed
 
 from __future__ import annotations
 
+import hashlib
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -26,6 +30,8 @@ import numpy as np
 from ....api.common import Collective
 from ...schedule.ir import Schedule, Transfer
 from .executor import (
+    LOCAL_TYPES,
+    MAX_REDUCE_FUSION,
     READS_SRC,
     RECV_TYPES,
     SEND_TYPES,
@@ -58,6 +64,12 @@ class ReadBack:
     Transfer i is sent by step `send_step[i]` of threadblock `send_tb[i]` on its src gpu and
     received by step `recv_step[i]` of `recv_tb[i]` on its dst gpu (gpu-local ids, as in the
     file). The runtime slices by `chunks_per_loop` (msccl_setup.cc sizePerMscclChunk).
+
+    `timed` (None: the file has no local steps) is what is timed: the schedule's transfers, then
+    one per local operation (a `cpy`, or a run of `re`s the parser fuses), from its GPU to
+    itself on threadblock `local_tb[i]`, ending at step `local_step[i]`; a transfer waits for the
+    local operations before it as for receives. A local operation of cnt chunks reads
+    `local_traffic[i] - 1` and writes 1 chunk of local memory per chunk.
     """
 
     schedule: Schedule
@@ -67,6 +79,10 @@ class ReadBack:
     send_step: np.ndarray
     recv_step: np.ndarray
     threadblocks: np.ndarray  # per gpu
+    timed: Schedule | None = None
+    local_tb: np.ndarray | None = None  # int32, per local operation
+    local_step: np.ndarray | None = None
+    local_traffic: np.ndarray | None = None
 
 
 def from_msccl_xml(text: str) -> Schedule:
@@ -79,23 +95,31 @@ class _Read:
     attrs: dict[str, str]
     prog: Program
     order: tuple[int, ...]  # step uids in the order execute() completed them
-    sent: dict[int, list[Value]]  # what the proof found each send carries
-    combined: set[int]
     result: ReadBack
     senders: tuple[int, ...]  # per transfer of `result`: the uid of the step that sends it
 
 
 # The last files read, keyed by their text without the protocol: synthesis times one lowering
-# as a file per protocol, and those files differ only there (see `_same_but_protocol`).
-_READS: dict[str, _Read] = {}
+# as a file per protocol, and those files differ only there (see `_same_but_protocol`). The key
+# holds a digest of the text after the head, not a copy of it (58 MB for a 500k-step file).
+_READS: dict[tuple[str, int, bytes], _Read] = {}
 _READS_MAX = 4
 _PROTO_ATTR = re.compile(r'\sproto="([^"]*)"')
+_DIGEST_SLICE = 1 << 20  # characters encoded at a time
+
+
+def _key(text: str, head: str) -> tuple[str, int, bytes]:
+    """The file without its protocol: the head without it, the length and a digest of the rest."""
+    digest = hashlib.blake2b(digest_size=32)
+    for i in range(len(head), len(text), _DIGEST_SLICE):
+        digest.update(text[i : i + _DIGEST_SLICE].encode())
+    return _PROTO_ATTR.sub("", head, count=1), len(text) - len(head), digest.digest()
 
 
 def read_msccl(text: str) -> ReadBack:
     """Read, run and prove an MSCCL algorithm, keeping each transfer's threadblocks."""
     head = text[: text.find(">") + 1]
-    key = _PROTO_ATTR.sub("", head, count=1) + text[len(head):]
+    key = _key(text, head)
     again = _same_but_protocol(_READS.get(key), head)
     if again is not None:
         return again
@@ -111,17 +135,20 @@ def read_msccl(text: str) -> ReadBack:
     root = _broadcast_root(prog) if coll == Collective.BROADCAST else 0
     lay = _Layout(coll, n, c, root)
     preds = prog.preds()
-    pos = {x.uid: i for i, x in enumerate(order)}
+    pos = [0] * len(prog.steps)  # completion position by uid
+    for i, x in enumerate(order):
+        pos[x.uid] = i
     before = Reach(preds, pos, prog.steps).before
     sent: dict[int, list[Value]] = {}
     combined: set[int] = set()
     for inplace, claim in ((False, "outofplace"), (True, "inplace")):
         if int(attrs[claim]):
+            sent.clear()  # the last proof's are kept: not two at once
             sent, combined = prove(prog, order, before, lay, inplace)
     out, senders = _result(attrs, prog, order, preds, before, sent, combined, c, root)
     if len(_READS) >= _READS_MAX:
         _READS.pop(next(iter(_READS)))
-    _READS[key] = _Read(attrs, prog, tuple(x.uid for x in order), sent, combined, out, senders)
+    _READS[key] = _Read(attrs, prog, tuple(x.uid for x in order), out, senders)
     return out
 
 
@@ -130,7 +157,7 @@ def _result(attrs: dict[str, str], prog: Program, order: list[XStep],
                sent: dict[int, list[Value]], combined: set[int], c: int,
                root: int) -> tuple[ReadBack, tuple[int, ...]]:  # fmt: skip
     """The ReadBack, and the uid of each transfer's sending step."""
-    transfers, ends = _transfers(prog, order, preds, before, sent, combined)
+    transfers, ends, ops, timed = _transfers(prog, order, preds, before, sent, combined)
     sched = Schedule(
         name=attrs["name"],
         collective=_COLLS[attrs["coll"]],
@@ -145,11 +172,18 @@ def _result(attrs: dict[str, str], prog: Program, order: list[XStep],
     def column(values: Iterator[int]) -> np.ndarray:
         return np.fromiter(values, dtype=np.int32, count=len(ends))
 
+    def per_op(values: Iterator[int]) -> np.ndarray | None:
+        return np.fromiter(values, dtype=np.int32, count=len(ops)) if ops else None
+
     return ReadBack(
         sched, int(attrs["nchunksperloop"]),
         column(x.tb for x, _ in ends), column(rx.tb for _, rx in ends),
         column(x.idx for x, _ in ends), column(rx.idx for _, rx in ends),
         np.array([len(g) for g in prog.tbs], dtype=np.int32),
+        replace(sched, transfers=timed) if ops else None,
+        per_op(op[0].tb for op in ops), per_op(op[-1].idx for op in ops),
+        # cpy: 1 read + 1 write; a fused reduction also reads its destination
+        per_op(2 if op[0].type == "cpy" else len(op) + 2 for op in ops),
     ), tuple(x.uid for x, _ in ends)  # fmt: skip
 
 
@@ -172,7 +206,9 @@ def _same_but_protocol(seen: _Read | None, head: str) -> ReadBack | None:
     if tuple(x.uid for x in order) != seen.order:
         return _renumbered(seen, order, proto)
     sched = replace(rb.schedule, protocol=proto, transfers=list(rb.schedule.transfers))
-    return replace(rb, schedule=sched)
+    timed = None if rb.timed is None else replace(rb.timed, protocol=proto,
+                                                  transfers=list(rb.timed.transfers))  # fmt: skip
+    return replace(rb, schedule=sched, timed=timed)
 
 
 def _renumbered(seen: _Read, order: list[XStep], proto: str) -> ReadBack:
@@ -197,9 +233,17 @@ def _renumbered(seen: _Read, order: list[XStep], proto: str) -> ReadBack:
         for t in (was[i] for i in old)
     ]  # fmt: skip
     at = np.array(old, dtype=np.int64)
-    return ReadBack(
-        replace(rb.schedule, protocol=proto, transfers=transfers), rb.chunks_per_loop,
-        rb.send_tb[at], rb.recv_tb[at], rb.send_step[at], rb.recv_step[at], rb.threadblocks,
+    timed = None
+    if rb.timed is not None:  # local operations keep their numbers, after the sends
+        n = len(old)
+        moved = [*(rb.timed.transfers[i] for i in old), *rb.timed.transfers[n:]]
+        timed = replace(rb.timed, protocol=proto, transfers=[
+            replace(t, deps=tuple(sorted(new[d] if d < n else d for d in t.deps)))
+            for t in moved])  # fmt: skip
+    return replace(
+        rb, schedule=replace(rb.schedule, protocol=proto, transfers=transfers),
+        send_tb=rb.send_tb[at], recv_tb=rb.recv_tb[at], send_step=rb.send_step[at],
+        recv_step=rb.recv_step[at], timed=timed,
     )  # fmt: skip
 
 
@@ -442,14 +486,24 @@ def _transfers(
     before: Callable[[int, int], bool],
     sent: dict[int, list[Value]],
     combined: set[int],
-) -> tuple[list[Transfer], list[tuple[XStep, XStep]]]:
+) -> tuple[list[Transfer], list[tuple[XStep, XStep]], list[list[XStep]], list[Transfer]]:
     """One transfer per run of consecutive chunks of each send, in completion order, with the
-    (send, receive) steps of each.
+    (send, receive) steps of each; the local operations (`_local_ops`) and their transfers,
+    numbered after the sends (their deps in that numbering).
 
     Dependencies are the nearest receives before the send or before its receive (what the
     executor really waits for). The nearest earlier sends are added too where that cannot
     contradict the execution (their receive is not after this send), because the IR reads a
     transfer's data until it finishes and a later overwrite must wait for it.
+
+    A local operation is waited for as a receive is (it blocks its threadblock), and waits for
+    what its first step waits for. The schedule's own deps (sends only) see through it: each
+    local operation is replaced by what it waits for.
+
+    A transfer's deps are taken when its receive completes (its send completed before), and a
+    step's sets are dropped once every step reading them has: a 500k-step file holds ~30 deps
+    a transfer, which sets kept per step cost ~1 GB (docs/synthesis-scale.md, "Session 9:
+    reading a 500k-step file").
     """
     ids: dict[int, list[int]] = {}
     raw: list[tuple[XStep, int, int, bool]] = []
@@ -460,17 +514,47 @@ def _transfers(
             for first, cnt in _consecutive([k for k, _ in sent[x.uid]]):
                 ids[x.uid].append(len(raw))
                 raw.append((x, sent[x.uid][first][0], cnt, rx.uid in combined))
-    # per step (by uid): the nearest transfers received / sent before it (not counting
-    # itself) ...
-    nsteps = len(prog.steps)
-    empty: frozenset[int] = frozenset()
-    got_before: list[frozenset[int]] = [empty] * nsteps
-    sent_before: list[frozenset[int]] = [empty] * nsteps
-    # ... and at or before it
-    got: list[frozenset[int]] = [empty] * nsteps
-    put: list[frozenset[int]] = [empty] * nsteps
     sender_of = prog.sender_of
-    mine = {u: frozenset(v) for u, v in ids.items()}
+    # per step (by uid) whose successors have yet to read them: the nearest transfers received
+    # / sent at or before it; `readers` counts those successors (a send's receive is none: it
+    # reads the send's own sets, kept in `sending`)
+    got: dict[int, frozenset[int]] = {}
+    put: dict[int, frozenset[int]] = {}
+    readers = [0] * len(prog.steps)
+    for u, ps in enumerate(preds):
+        snd = sender_of.get(u)
+        for p in ps:
+            if p is not snd:
+                readers[p.uid] += 1
+    # a send's own transfers, and the nearest transfers received and sent before it
+    sending: dict[int, tuple[frozenset[int], frozenset[int], frozenset[int]]] = {}
+    empty: frozenset[int] = frozenset()
+    ops, op_of = _local_ops(prog)
+    base = len(raw)
+    held = {u: frozenset((base + i,)) for u, i in op_of.items()}
+    first_of = {op[0].uid: i for i, op in enumerate(ops)}
+    op_deps: list[frozenset[int]] = [empty] * len(ops)
+    seen: dict[int, frozenset[int]] = {}
+
+    def through(deps: frozenset[int]) -> frozenset[int]:
+        """`deps` with each local operation replaced by what it waits for."""
+        if not ops or max(deps, default=-1) < base:
+            return deps
+        out: set[int] = set()
+        for d in deps:
+            if d < base:
+                out.add(d)
+                continue
+            if d not in seen:
+                seen[d] = through(op_deps[d - base])
+            out |= seen[d]
+        return frozenset(out)
+
+    both: list[tuple[int, ...]] = [()] * base  # sorted deps and write-after-read orderings
+    wars: dict[int, set[int]] = {}  # the write-after-read orderings, where there are some
+    waits: dict[int, tuple[frozenset[int], set[int]]] = {}  # deps naming local operations
+    receiver_of = prog.receiver_of
+    recv_of_raw = [receiver_of[x.uid].uid for x, _, _, _ in raw]
     for x in order:
         u = x.uid
         snd = sender_of.get(u)
@@ -478,36 +562,91 @@ def _transfers(
         for p in preds[u]:
             if p is snd:
                 continue
-            g, s = got[p.uid], put[p.uid]
+            pu = p.uid
+            g, s = got[pu], put[pu]
             # a single predecessor's sets are shared, not copied (frozensets)
             gb = g if not gb else gb | g
             sb = s if not sb else sb | s
-        got_before[u], sent_before[u] = gb, sb
-        got[u] = mine[snd.uid] if snd is not None else gb
-        put[u] = mine.get(u, sb)
-    deps: list[frozenset[int]] = []
-    both: list[frozenset[int]] = []  # deps and write-after-read orderings
-    receiver_of = prog.receiver_of
-    recv_of_raw = [receiver_of[x.uid].uid for x, _, _, _ in raw]
-    for i, (x, _, _, _) in enumerate(raw):
-        r_uid = recv_of_raw[i]
-        # a fused step (rcs, rrs, rrcs) forwards what it receives: its own receive comes first
-        dep = got[x.uid] | got_before[r_uid]
-        # an earlier send already in `dep` stays whatever `before` says: not asked
-        earlier = (sent_before[x.uid] | sent_before[r_uid]) - dep
-        war = {t for t in earlier if not before(x.uid, recv_of_raw[t])}
-        deps.append(dep - {i})
-        both.append((dep | war) - {i} if war else deps[-1])
+            readers[pu] -= 1
+            if not readers[pu]:
+                del got[pu], put[pu]
+        op = first_of.get(u)
+        if op is not None:
+            op_deps[op] = gb
+        mine = frozenset(ids[u]) if u in ids else None
+        got_u = frozenset(ids[snd.uid]) if snd is not None else held.get(u, gb)
+        if readers[u]:
+            got[u] = got_u
+            put[u] = sb if mine is None else mine
+        if mine is not None:
+            sending[u] = (mine, got_u, sb)
+        if snd is None:
+            continue
+        _, s_got, s_sent = sending.pop(snd.uid)
+        for i in ids[snd.uid]:
+            # a fused step (rcs, rrs, rrcs) forwards what it receives: its own receive first
+            wait = s_got | gb
+            dep = through(wait)
+            # an earlier send already in `dep` stays whatever `before` says: not asked
+            earlier = (s_sent | sb) - dep
+            war = {t for t in earlier if not before(snd.uid, recv_of_raw[t])}
+            if war:
+                wars[i] = war
+                both[i] = tuple(sorted((dep | war) - {i}))
+            else:
+                both[i] = tuple(sorted(dep - {i}))
+            if dep is not wait:  # `through` replaced a local operation
+                waits[i] = (wait - {i}, war)
     # the write-after-read orderings may close a cycle: then only the real ones are kept
-    chosen = both if _acyclic(both) else deps
+    keep_war = _acyclic(both)
+    chosen = both if keep_war else [
+        tuple(t for t in d if t not in wars[i]) if i in wars else d for i, d in enumerate(both)
+    ]  # fmt: skip
     out = [
-        Transfer(x.gpu, x.send, k, cnt, red, tuple(sorted(chosen[i])), x.chan)
+        Transfer(x.gpu, x.send, k, cnt, red, chosen[i], x.chan)
         for i, (x, k, cnt, red) in enumerate(raw)
     ]
-    return out, [(x, prog.receiver_of[x.uid]) for x, _, _, _ in raw]
+    timed: list[Transfer] = []
+    if ops:
+        sends = list(out)
+        for i, (w, war) in waits.items():
+            sends[i] = replace(out[i], deps=tuple(sorted(w | war if keep_war else w)))
+        timed = sends + [
+            Transfer(op[0].gpu, op[0].gpu, sent[op[0].uid][0][0], op[0].cnt, op[0].type == "re",
+                     tuple(sorted(d)), op[0].chan)
+            for op, d in zip(ops, op_deps, strict=True)
+        ]  # fmt: skip
+    return out, [(x, prog.receiver_of[x.uid]) for x, _, _, _ in raw], ops, timed
 
 
-def _acyclic(deps: list[frozenset[int]]) -> bool:
+def _local_ops(prog: Program) -> tuple[list[list[XStep]], dict[int, int]]:
+    """The local operations the executor runs, in step order: each `cpy`, and each run of `re`s
+    msccl_parser.cc fuses into one reduction (`_continues_reduction`, at most MAX_REDUCE_FUSION
+    reductions counted per threadblock); and the operation of each local step's uid."""
+    ops: list[list[XStep]] = []
+    op_of: dict[int, int] = {}
+    for g in prog.tbs:
+        for t in g:
+            reduces = 0
+            fusing = False
+            for i, x in enumerate(t):
+                if x.type not in LOCAL_TYPES:
+                    fusing = False
+                    continue
+                if x.type == "re" and fusing and _continues_reduction(t[i - 1], x):
+                    ops[-1].append(x)
+                else:
+                    ops.append([x])
+                op_of[x.uid] = len(ops) - 1
+                if x.type == "re":
+                    reduces += 1
+                    fusing = not x.hasdep and reduces != MAX_REDUCE_FUSION
+                else:
+                    fusing = False
+    return ops, op_of
+
+
+def _acyclic(deps: Sequence[Collection[int]]) -> bool:
     """Whether transfers with these dependencies have a topological order (Kahn's count, as
     schedule.check.topological_order, without building the schedule first)."""
     indeg = [len(d) for d in deps]

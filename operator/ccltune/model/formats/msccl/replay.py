@@ -11,10 +11,11 @@ of the output buffer as NCCL lays it out.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from ....api.common import Collective
 from .executor import (
+    LOCAL_TYPES,
     RECV_TYPES,
     REDUCING_TYPES,
     SEND_TYPES,
@@ -31,7 +32,8 @@ Slot = tuple[int, str, int]  # (gpu, buffer, chunk offset) after in-place aliasi
 class Reach:
     """Does step a happen before step b? Backward search pruned by completion position."""
 
-    def __init__(self, preds: list[list[XStep]], pos: dict[int, int], steps: list[XStep]) -> None:
+    def __init__(self, preds: list[list[XStep]], pos: Sequence[int] | Mapping[int, int],
+                 steps: list[XStep]) -> None:  # fmt: skip
         self.preds, self.pos, self.steps = preds, pos, steps
         # A step of cnt slots asks about the same pair once per slot (64 on 512-GPU bundles).
         self._known: dict[tuple[int, int], bool] = {}
@@ -88,8 +90,8 @@ def prove(
     inplace: bool,
 ) -> tuple[dict[int, list[Value]], set[int]]:
     """Replay the data movement in `order` and prove it (MscclFormatError naming the step if
-    not); return what each send carries and the receives whose data gets combined with
-    another contribution (a reduction) rather than stored."""
+    not); return what each send (and each local step) carries and the receives whose data gets
+    combined with another contribution (a reduction) rather than stored."""
     mode = "in place" if inplace else "out of place"
     place = _placer(lay, inplace)
     n, coll = lay.n, lay.coll
@@ -181,7 +183,7 @@ def prove(
             if t in ("r", "rcs"):
                 for key in slots(x, x.dstbuf, x.dstoff):
                     arrived[key] = x.uid
-        if t in SEND_TYPES:
+        if t in SEND_TYPES or t in LOCAL_TYPES:  # a local step's values name its chunks
             sent[x.uid] = data
     _postconditions(lay, state, place, mode)
     return sent, combined

@@ -30,6 +30,7 @@ import numpy as np
 
 from ....api.common import Collective
 from ...schedule.ir import Schedule, ScheduleArrays, dep_csr
+from .direct import add_rank
 from .limits import MAX_STEPS
 from .writer import Item, MscclLowering, _Layout, _Step
 
@@ -151,12 +152,7 @@ def direct(coll: Collective, n: int, cpr: int, chans: dict[Pair, int], budget: i
                         at, ready = ("o", out_off(r, j)), done[j // group]
                         tb.add(r, "s", at, at, 1, [] if ready in own else [ready])
         every = [*tbs.values(), *(t for t in reducers if t.items)]
-        tb_meta.append([t.meta for t in every])
-        items_of.append({i: t.items for i, t in enumerate(every)})
-        for i, t in enumerate(every):
-            for pos, (_, st, _) in enumerate(t.items):
-                if st is not None:
-                    st.tb, st.index = i, pos
+        add_rank(every, tb_meta, items_of)
         scratch.append(dict.fromkeys(range(len(slots)), 0))
     sched = Schedule(name, coll, n, total if allreduce else cpr, [], channels=max(chans.values()))
     low = MscclLowering(sched, lay, scratch, tb_meta, items_of, max(chans.values()))

@@ -24,6 +24,14 @@ per iteration, moving its chunks' slice, with
 - FIFO room: a connection holds NCCL_STEPS = 8 slots and a primitive call takes 4 (Simple) or
   1 (LL, LL128), so a send can run at most 8 // slots-per-iteration iterations ahead of what
   its receiver has taken.
+Local operations (a `cpy`, a fused run of `re`s: `ReadBack.timed`) are sliced like the sends:
+each iteration runs them on their threadblock after its earlier receives and local operations,
+as transfers from their GPU to itself that cross no link and run at their threadblock's rate
+(sim/simulate.py). One moves cnt x (reads + 1 write) chunks of local memory, charged as
+cnt x (reads + 1) / 2 chunks of payload: a send's payload byte is one read and one write
+(docs/cost-model.md, "Local steps"). Its threadblock side is the threadblock's receive side
+(a local operation blocks it as a receive does), else its send side, else one of its own.
+Only while CHARGE_LOCAL_STEPS is on (below); off, a file's local steps cost nothing.
 Each sliced transfer pays the simulator's per-step cost. Transfer counts of the result are in
 bytes: simulate it at `unit_size(arrays)`, where one chunk is one byte. `structure` (what the
 size does not change) and `with_slices` (the bytes) split `expand` so callers can cache the first.
@@ -43,7 +51,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ....api.common import Collective
-from ...schedule.ir import ScheduleArrays
+from ...schedule.ir import Schedule, ScheduleArrays
 from .executor import CHUNK_SLOTS, MAX_ALLOWED_COUNT, NCCL_STEPS
 from .reader import ReadBack
 
@@ -60,6 +68,12 @@ _HOST_CHUNK_STEPS = {Collective.BROADCAST: 1}
 # large files so that a run stays within MAX_EXPANDED transfers (a 64-rank file has ~10^5).
 MAX_ITERATIONS = 16
 MAX_EXPANDED = 200_000
+# On (decision, session 9): a real kernel pays for its copies and reduces. It went on once the
+# writer spread an out-of-place AllGather's or AlltoAll's own-chunk copy over its threadblocks
+# (one `cpy` on one threadblock took mi300x-8 AllGather at 64 MiB from 190.0 to 941.8 us; spread,
+# 211.5; docs/synthesis.md "Session 9: local steps charged").
+# Set it before timing a file: evaluate.py caches sliced structures.
+CHARGE_LOCAL_STEPS = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +143,14 @@ def expand(rb: ReadBack, sl: Slicing, k: int) -> ScheduleArrays:
 
 def with_slices(shape: ScheduleArrays, rb: ReadBack, sl: Slicing) -> ScheduleArrays:
     """`shape` (from `structure`) with the bytes `sl` moves per transfer and iteration."""
-    n = len(rb.schedule.transfers)
+    timed = _timed(rb)
+    n = len(timed.transfers)
     k = len(shape) // max(n, 1)
     its = np.arange(k, dtype=np.int64)
     per_chunk = np.where(its < k - 1, float(sl.slice_bytes), sl.last_bytes)
-    base_count = np.fromiter((t.count for t in rb.schedule.transfers), dtype=np.float64, count=n)
+    base_count = np.fromiter((t.count for t in timed.transfers), dtype=np.float64, count=n)
+    if timed is rb.timed and rb.local_traffic is not None:  # payload-equivalent chunks
+        base_count[n - len(rb.local_traffic):] *= rb.local_traffic / 2.0
     count = np.maximum(np.rint(per_chunk[:, None] * base_count[None, :]), 1.0)
     return replace(shape, count=count.reshape(-1).astype(np.int32))
 
@@ -146,13 +163,18 @@ def structure(rb: ReadBack, sl: Slicing, k: int) -> ScheduleArrays:
         raise ValueError(f"k={k} iterations: at least 1")
     nranks = base.nranks
     tb_base = np.concatenate([[0], np.cumsum(rb.threadblocks)]).astype(np.int64)
-    send_tb = tb_base[base.src] + rb.send_tb  # ids unique across gpus
-    recv_tb = tb_base[base.dst] + rb.recv_tb
+    # a local operation is both a send and a receive of its threadblock here
+    charged = _timed(rb) is rb.timed
+    none = np.zeros(0, dtype=np.int32)
+    local_tb = rb.local_tb if charged and rb.local_tb is not None else none
+    local_step = rb.local_step if charged and rb.local_step is not None else none
+    send_tb = tb_base[base.src] + np.concatenate([rb.send_tb, local_tb])  # unique across gpus
+    recv_tb = tb_base[base.dst] + np.concatenate([rb.recv_tb, local_tb])
     ntb = int(tb_base[-1])
 
     # Last send and last receive of every threadblock in one iteration (-1: none).
-    last_send = _last_by(send_tb, rb.send_step, ntb)
-    last_recv = _last_by(recv_tb, rb.recv_step, ntb)
+    last_send = _last_by(send_tb, np.concatenate([rb.send_step, local_step]), ntb)
+    last_recv = _last_by(recv_tb, np.concatenate([rb.recv_step, local_step]), ntb)
     prev = np.stack([last_send[send_tb], last_recv[send_tb]], axis=1)  # per transfer, 2 cols
     # FIFO depth in iterations per connection (src, dst, chan).
     conn = (base.src.astype(np.int64) * nranks + base.dst) * (
@@ -184,23 +206,49 @@ def structure(rb: ReadBack, sl: Slicing, k: int) -> ScheduleArrays:
         # A threadblock sends on one connection (src, dst, chan) and receives on one, and a
         # connection has one threadblock at each end (reader.py refuses two): the connection
         # names both the sending threadblock, as (src, tb), and the receiving one, as (dst, tb).
-        out.tb = np.tile(conn_id, k).astype(np.int32)
+        sides = _sides(conn_id, send_tb, recv_tb, len(local_tb), ntb)
+        out.tb = np.tile(sides, k).astype(np.int32)
+    return out
+
+
+def _sides(conn_id: np.ndarray, send_tb: np.ndarray, recv_tb: np.ndarray, nlocal: int,
+           ntb: int) -> np.ndarray:  # fmt: skip
+    """`conn_id` with each local operation's entry (the last `nlocal`) replaced: its
+    threadblock's receive connection, else its send connection, else an id of its own. A
+    transfer's sides are (src, id) and (dst, id) (sim/capacity.py): on a local operation's GPU
+    the receive connection's id names the threadblock's receive side (its other side, keyed by
+    a connection from another GPU, is used by no send), the send connection's its send side."""
+    if not nlocal:
+        return conn_id
+    out = conn_id.copy()
+    sends = len(conn_id) - nlocal
+    side = np.full(ntb, -1, dtype=np.int64)
+    side[send_tb[:sends]] = conn_id[:sends]
+    side[recv_tb[:sends]] = conn_id[:sends]  # the receive side wins
+    own = send_tb[sends:]
+    out[sends:] = np.where(side[own] >= 0, side[own], int(conn_id.max()) + 1 + own)
     return out
 
 
 # The last read-backs' transfers as arrays: `structure` is asked for one file at every size.
 # Held with the read-back itself, so that the id stays its own.
-_ARRAYS: dict[int, tuple[ReadBack, ScheduleArrays]] = {}
+_ARRAYS: dict[int, tuple[ReadBack, Schedule, ScheduleArrays]] = {}
 _ARRAYS_MAX = 4  # the files one size times
 
 
 def _arrays(rb: ReadBack) -> ScheduleArrays:
     hit = _ARRAYS.get(id(rb))
-    if hit is None or hit[0] is not rb:
+    timed = _timed(rb)
+    if hit is None or hit[0] is not rb or hit[1] is not timed:
         if len(_ARRAYS) >= _ARRAYS_MAX:
             _ARRAYS.pop(next(iter(_ARRAYS)))
-        hit = _ARRAYS[id(rb)] = (rb, ScheduleArrays.from_schedule(rb.schedule))
-    return hit[1]
+        hit = _ARRAYS[id(rb)] = (rb, timed, ScheduleArrays.from_schedule(timed))
+    return hit[2]
+
+
+def _timed(rb: ReadBack) -> Schedule:
+    """What is timed of a read-back: its sends, then (when charged) its local operations."""
+    return rb.timed if CHARGE_LOCAL_STEPS and rb.timed is not None else rb.schedule
 
 
 def _sliced_deps(base: ScheduleArrays, prev: np.ndarray, depth: np.ndarray,
@@ -260,6 +308,6 @@ def _last_by(group: np.ndarray, position: np.ndarray, ngroups: int) -> np.ndarra
     return out
 
 
-__all__ = ["MAX_EXPANDED", "MAX_ITERATIONS", "SLICE_BYTES", "Slicing", "expand", "extrapolate",
-           "iterations_to_simulate", "slicing", "structure", "threadblocks", "unit_size",
-           "with_slices"]  # fmt: skip
+__all__ = ["CHARGE_LOCAL_STEPS", "MAX_EXPANDED", "MAX_ITERATIONS", "SLICE_BYTES", "Slicing",
+           "expand", "extrapolate", "iterations_to_simulate", "slicing", "structure",
+           "threadblocks", "unit_size", "with_slices"]  # fmt: skip

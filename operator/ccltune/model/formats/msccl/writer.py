@@ -22,8 +22,12 @@ Lowering decisions:
   first would deadlock). Over the SM budget (`max_threadblocks`), more pairs are merged, the
   fewest waits first, or (`pairing="balanced"`) the heaviest stream with the lightest first,
   none that may block before all that cannot. Each connection (peer, channel) is served by
-  exactly one threadblock per rank. Local copies (cpy) run at the end of the rank's
-  threadblock with the fewest steps: an extra threadblock would cost an SM.
+  exactly one threadblock per rank. Local copies (cpy) ride on the rank's threadblocks: an
+  extra threadblock would cost an SM. Those that wait for a receive run at the end of the
+  threadblock with the fewest steps; those that wait for nothing (an out-of-place AllGather's
+  or AlltoAll's own chunks) are dealt chunk by chunk over the threadblocks whose side holds the
+  fewest chunks, each before its threadblock's first receive (`_spread_copies`): the read-back
+  charges a copy at its threadblock's rate (slicing.CHARGE_LOCAL_STEPS).
 - A connection whose threadblock would hold more than the executor's 64 steps is split into
   consecutive parts, each on the same peers on a channel of its own (`lower_msccl`), where
   channels and the SM budget allow; the dependencies stay the same steps'.
@@ -63,6 +67,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import heapq
 import itertools
 import math
 import xml.etree.ElementTree as ET
@@ -135,6 +140,9 @@ def step_values(i: int, step: _Step | None, dep: _Step | None) -> tuple[object, 
 
 Loc = tuple[str, int]  # (buffer "i"/"o"/"s", chunk offset)
 Stream = tuple[str, int, int]  # ("send", peer, chan) / ("recv", peer, chan) / ("copy", -1, 0)
+# Final copies that wait for nothing (a rank's own input chunks to the output): spread over
+# threadblocks by `_spread_copies`, not one threadblock's "copy" stream.
+FREE_COPY: Stream = ("copy", -1, -1)
 
 
 class MscclFormatError(InternalError):
@@ -392,11 +400,12 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps:
 
         def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
             return _lower_orbit(schedule, max_threadblocks, orbit, parts, used, pairing, order,
-                                keys)  # fmt: skip
+                                keys, max_steps)  # fmt: skip
     else:
 
         def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
-            return _lower(schedule, max_threadblocks, parts, used, pairing, order, keys)
+            return _lower(schedule, max_threadblocks, parts, used, pairing, order, keys,
+                          max_steps)  # fmt: skip
 
     low = lower(parts)
     for _ in range(SPLIT_ROUNDS):
@@ -422,7 +431,7 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps:
 
 def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int, int], int],
            used: int, pairing: str = "forwarding", tb_order: str = "depth",
-           keys: Times | None = None) -> MscclLowering:  # fmt: skip
+           keys: Times | None = None, max_steps: int = MAX_STEPS) -> MscclLowering:  # fmt: skip
     """`lower_msccl` with the connections (src, dst, chan) in `parts` split in that many."""
     coll = Collective(s.collective)
     lay = _Layout(coll, s.nranks, s.chunks_per_rank, s.root)
@@ -503,11 +512,13 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
             cp.preds = {
                 last_write[(r, pend[m][0])] for m in range(i, j) if (r, pend[m][0]) in last_write
             }
+            if not cp.preds:
+                cp.stream = FREE_COPY
             steps.append(cp)
 
     fed = _rank_preds(s, steps, steps_of)
     return _assign(s, steps, lay, scratch, max_threadblocks, fed, frames, pairing=pairing,
-                   tb_order=tb_order)  # fmt: skip
+                   tb_order=tb_order, max_steps=max_steps)  # fmt: skip
 
 
 def _step_order(s: Schedule, frames: Frames | None, keys: Times | None = None,
@@ -536,7 +547,7 @@ def _step_order(s: Schedule, frames: Frames | None, keys: Times | None = None,
 def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
                  parts: dict[tuple[int, int, int], int], used: int,
                  pairing: str = "forwarding", tb_order: str = "depth",
-                 keys: Times | None = None) -> MscclLowering:  # fmt: skip
+                 keys: Times | None = None, max_steps: int = MAX_STEPS) -> MscclLowering:  # fmt: skip
     """`_lower` of a schedule every frame map sends to itself (frames.translates_exactly):
     rank 0's steps only, then every rank's as rank 0's translated. Each orbit has one send
     (src 0) and one receive (dst 0) on rank 0, with the same key; the receive of rank 0's
@@ -618,10 +629,13 @@ def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
     for i, j in _copy_runs(pend, frames):
         cp = _Step(0, ("copy", -1, 0), (math.inf, 2, 0, i), "cpy", pend[i][1], pend[i][2], j - i)
         cp.preds = {last_write[pend[m][0]] for m in range(i, j) if pend[m][0] in last_write}
+        if not cp.preds:
+            cp.stream = FREE_COPY
         steps.append(cp)
 
     fed = _rank_preds(s, steps, steps_of, [0])
-    one = _assign(s, steps, lay, [scratch], max_threadblocks, fed, frames, [0], pairing, tb_order)
+    one = _assign(s, steps, lay, [scratch], max_threadblocks, fed, frames, [0], pairing, tb_order,
+                  max_steps)  # fmt: skip
     return moved.lowering(one, scratch)
 
 
@@ -885,7 +899,7 @@ def _threadblocks(steps: list[_Step], rank: int, budget: int | None, fed: Fed,
     ]
     tbs += [(-1, q, c) for c, qs in recvs.items() for q in qs if ("recv", q, c) not in paired]
     copies = ("copy", -1, 0) in members
-    if copies and not tbs:
+    if (copies or FREE_COPY in members) and not tbs:
         tbs.append((-1, -1, 0))
     tbs.sort(key=lambda x: (rel(x[0]), rel(x[1]), x[2]))
     out: dict[Stream, int] = {}
@@ -1056,6 +1070,65 @@ def _waiting(xs: list[_Step], ykeys: list[tuple[float, ...]], stream: Stream) ->
 Item = tuple[str, "_Step | None", "_Step | None"]  # ("nop"|"step", the step, its dependency)
 
 
+def _spread_copies(free: list[_Step], items: dict[int, list[Item]],
+                   tb_list: list[tuple[int, int, int]], max_steps: int) -> None:  # fmt: skip
+    """Deal a rank's free copies (FREE_COPY: they wait for nothing, nothing waits for them)
+    over its threadblocks with room under `max_steps`, each chunk to the one whose side
+    (`_side_load`) would then hold the fewest chunks, consecutive chunks per threadblock; each
+    where its threadblock would first wait, after its leading sends (`_copy_slot`). Why: a copy
+    runs on its threadblock, at its rate; one copy of a GPU's own chunks on one threadblock took
+    mi300x-8 AllGather at 64 MiB from 190.0 to 941.8 us, dealt 211.5 (docs/synthesis.md
+    "Session 9: local steps charged"). A piece joins no two of the original runs
+    (`_copy_runs`), so it stays within one translation block and is one step per run."""
+    chunks = [(st, m) for st in free for m in range(st.cnt)]
+    load = [_side_load(items.get(tb, []), tb_list[tb][1] >= 0) for tb in range(len(tb_list))]
+    order = sorted(range(len(tb_list)), key=lambda tb: (load[tb], tb))
+    # a piece is a step per original run it spans: room for every run keeps `max_steps`
+    room = [tb for tb in order if len(items.get(tb, [])) + len(free) <= max_steps]
+    if not room:  # as before: the least loaded threadblock, over the limit if it must be
+        room = order[:1]
+    # water-fill: each chunk to the threadblock whose side would then hold the fewest chunks
+    give = dict.fromkeys(room, 0)
+    heap = [(load[tb], i, tb) for i, tb in enumerate(room)]
+    heapq.heapify(heap)
+    for _ in chunks:
+        held, i, tb = heapq.heappop(heap)
+        give[tb] += 1
+        heapq.heappush(heap, (held + 1, i, tb))
+    start = 0
+    for tb in room:
+        if not give[tb]:
+            continue
+        part = chunks[start:start + give[tb]]
+        start += give[tb]
+        runs = [(st, [m for _, m in group])
+                for st, group in itertools.groupby(part, key=lambda x: x[0])]  # fmt: skip
+        lst = items.setdefault(tb, [])
+        at = _copy_slot(lst)
+        lst[at:at] = [("step", _Step(st.rank, FREE_COPY, st.key, "cpy",
+                                     (st.src[0], st.src[1] + ms[0]), (st.dst[0], st.dst[1] + ms[0]),
+                                     len(ms), tb=tb), None) for st, ms in runs]  # fmt: skip
+
+
+def _side_load(lst: list[Item], receives: bool) -> int:
+    """Chunks a threadblock's side that would run a local step moves: its receive side (its
+    receives and local steps) if it receives, else its send side."""
+    return sum(st.cnt for _, st, _ in lst
+               if st is not None and (st.stream[0] != "send") == receives)  # fmt: skip
+
+
+def _copy_slot(lst: list[Item]) -> int:
+    """Where a threadblock would first wait: after its leading sends (and their nops)."""
+    for i, (_, st, _) in enumerate(lst):
+        if st is not None and st.stream[0] != "send":
+            while i > 0 and lst[i - 1][1] is None:
+                i -= 1
+            return i
+    return len(lst)
+
+
+
+
 @dataclass(eq=False)
 class MscclLowering:
     """A schedule lowered to threadblocks and steps per rank, measured against the limits."""
@@ -1179,7 +1252,7 @@ class MscclLowering:
 def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[int, int]],
             budget: int | None, fed: list[Fed], frames: Frames | None = None,
             ranks: list[int] | None = None, pairing: str = "forwarding",
-            tb_order: str = "depth") -> MscclLowering:  # fmt: skip
+            tb_order: str = "depth", max_steps: int = MAX_STEPS) -> MscclLowering:  # fmt: skip
     """Threadblocks per rank, each one's steps in order with the nops its dependencies need
     (`ranks`: only these, holding all of `steps`, and `fed` in their order)."""
     ranks = list(range(s.nranks)) if ranks is None else ranks
@@ -1191,8 +1264,9 @@ def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[in
     draining = {(r, ("recv", q, c)) for r, (_, tbs) in placed.items() for p, q, c in tbs
                 if p < 0 and q >= 0}  # fmt: skip
     by_rank = {r: [] for r in ranks}
+    free: dict[int, list[_Step]] = {r: [] for r in ranks}
     for st in _fuse(steps, draining, frames):
-        by_rank[st.rank].append(st)
+        (free if st.stream == FREE_COPY else by_rank)[st.rank].append(st)
     tb_meta: list[list[tuple[int, int, int]]] = []
     items_of: list[dict[int, list[Item]]] = []
     used_chan = 0
@@ -1236,6 +1310,8 @@ def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[in
                 for p in deps[:-1]:
                     items[tb].append(("nop", None, p))
                 items[tb].append(("step", st, deps[-1] if deps else None))
+        if free[r]:
+            _spread_copies(free[r], items, tb_list, max_steps)
     # Final indices count the nops.
     for items in items_of:
         for lst in items.values():

@@ -1,0 +1,61 @@
+"""Rail-ring AllGather files for the engine (docs/synthesis.md, "Rail rings (session 9)").
+
+Where the fabric is servers of GPUs on one switch (NVSwitch) joined by a second switch
+dimension each GPU reaches through its own NIC (rails), the AllGather is built directly as an
+MSCCL lowering (model/formats/msccl/rail_ring.py): two rings per rail, then an NVSwitch spread.
+Not a sketch of the search: its chained `rcs` steps are no schedule the writer lowers, and at 512
+GPUs none of the search's schedules fit the executor's steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..api.cluster import Dimension
+from ..model.formats.msccl.limits import MAX_STEPS
+from ..model.formats.msccl.rail_ring import rail_ring_allgather, ring_hops
+from ..model.formats.msccl.writer import MscclFormatError, MscclLowering
+from ..model.schedule.ir import ScheduleArrays
+
+LABEL = "rail rings"
+# Steps a file may hold in all to be offered. h800-rail-512's file (492,544 steps) takes the
+# row's peak RSS from 1.35 to 3.43 GB (issue 18's limit: 2 GB), now mostly in timing its read-back
+# (the read-back alone peaks at 0.74 GB), so it is not offered there (h800-rail-64: 7,808
+# steps). docs/synthesis-scale.md, "Session 9: reading a 500k-step file".
+MAX_FILE_STEPS = 100_000
+
+
+def shape(dims: list[Dimension]) -> tuple[int, int] | None:
+    """(servers, GPUs a server) where rail rings apply: two switch dimensions, >= 2 of each."""
+    if len(dims) != 2 or any(d.kind != "switch" or d.size < 2 for d in dims):
+        return None
+    return dims[1].size, dims[0].size
+
+
+def file_steps(servers: int, local: int) -> int:
+    """Steps of the whole file: per GPU two rings, and 2 (L-1) spread threadblocks of S."""
+    fwd, bwd = ring_hops(servers)
+    ring = fwd + 2 + (bwd + 1 if bwd else 0)  # own send, hops, and the cpy on the forward ring
+    return servers * local * (ring + 2 * (local - 1) * servers)
+
+
+def files(dims: list[Dimension], budget: int,
+          name: Callable[[str], str]) -> list[tuple[str, ScheduleArrays, MscclLowering]]:  # fmt: skip
+    """(label, schedule, lowering) of the rail-ring file where it applies and fits `budget`
+    threadblocks and the executor's steps; `name` gives a label's schedule name."""
+    got = shape(dims)
+    if got is None:
+        return []
+    servers, local = got
+    if servers > MAX_STEPS or 2 * local > budget:  # a spread threadblock's steps; threadblocks
+        return []
+    if file_steps(servers, local) > MAX_FILE_STEPS:
+        return []
+    try:
+        arr, low = rail_ring_allgather(servers, local, name(LABEL), budget)
+    except MscclFormatError:
+        return []
+    return [(LABEL, arr, low)]
+
+
+__all__ = ["LABEL", "MAX_FILE_STEPS", "file_steps", "files", "shape"]

@@ -1,0 +1,77 @@
+"""Rail-ring ReduceScatter and AllReduce as engine variants (issue 18; the lowering and its shape
+are model/formats/msccl/rail_ring_reduce.py; decisions in docs/synthesis.md, "Rail rings
+(session 9)"). Built directly as files, not searched: the engine times each as a file beside
+its finalists and publishes it where it is fastest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..api.cluster import Dimension
+from ..api.common import Collective
+from ..model.formats.msccl import rail_ring_reduce as lowering
+from ..model.formats.msccl.limits import MAX_STEPS
+from ..model.formats.msccl.writer import MscclFormatError, MscclLowering
+from ..model.schedule.ir import ScheduleArrays
+
+COLLECTIVES = (Collective.REDUCESCATTER, Collective.ALLREDUCE)
+# (pieces, rings, paired) tried, best first by their files on h800-rail-64 (simulated, 64 MiB
+# to 1 GiB): ReduceScatter p4 on 4 rings with paired NVSwitch threadblocks, AllReduce p4 on 2
+# rings; one piece on one ring is what 64 servers' 64 steps leave (h800-rail-512).
+SHAPES = ((4, 4, True), (4, 2, False), (1, 1, False))
+# Smallest size its files are timed at: below, each of the S-1 ring hops in sequence pays a
+# network step (rail-64 ReduceScatter at 1 MiB: 84.5 us, NCCL 121.8; the lean and search
+# variants are the latency-lean ones).
+MIN_BYTES = 1 << 20
+PROTOCOLS = ("Simple", "LL128")
+MAX_VARIANTS = 2  # files timed per size: each 512-rank read-back costs ~15 s CPU
+# Largest fabric offered. h800-rail-512 ReduceScatter's ring file wins (31.5% of the budget bound
+# at >= 64 MiB against 16.8%, 3.64x NCCL at 1 GiB, simulated), but reading back its 458k steps
+# beside the engine's state took the row to 2,556 MB peak RSS (issue 18's target: < 2 GB; the
+# row was 1,875 MB PSS): not offered there until its read-back fits.
+MAX_RANKS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    label: str
+    arrays: ScheduleArrays
+    lowering: MscclLowering
+
+
+def applies(dims: list[Dimension], coll: Collective) -> bool:
+    """Servers of GPUs on a switch, joined by one more dimension (its rails)."""
+    return coll in COLLECTIVES and len(dims) == 2 and dims[0].kind == "switch" and \
+        dims[0].size >= 2 and dims[1].size >= 2  # fmt: skip
+
+
+def label(pieces: int, rings: int, paired: bool) -> str:
+    return f"rail-ring/p{pieces}r{rings}" + ("/paired" if paired else "")
+
+
+def variants(dims: list[Dimension], coll: Collective, budget: int,
+             name: str) -> list[Variant]:  # fmt: skip
+    """The shapes that fit `budget` threadblocks and the executor's limits, best first."""
+    if not applies(dims, coll):
+        return []
+    gpus, servers = dims[0].size, dims[1].size
+    if gpus * servers > MAX_RANKS:
+        return []
+    out: list[Variant] = []
+    for pieces, rings, paired in SHAPES:
+        tbs = rings + (gpus - 1) * (1 if paired else 2)
+        steps = servers * pieces * (2 if coll == Collective.ALLREDUCE else 1) * (2 if paired else 1)
+        if tbs > budget or steps > MAX_STEPS or len(out) == MAX_VARIANTS:
+            continue
+        lb = label(pieces, rings, paired)
+        try:
+            arr, low = lowering.lower(coll, servers, gpus, pieces, rings, f"{name}-{lb}", paired)
+        except MscclFormatError:
+            continue
+        out.append(Variant(lb, arr, low))
+    return out
+
+
+__all__ = ["COLLECTIVES", "MAX_RANKS", "MIN_BYTES", "PROTOCOLS", "SHAPES", "Variant", "applies",
+           "label", "variants"]  # fmt: skip
