@@ -25,6 +25,21 @@ def check_plan(plan: Path, *args: str) -> str:
     return p.stdout
 
 
+def write_in_place_file(plan: Path, name: str, coll: Any, arr: Any, low: Any) -> None:
+    """A Simple-protocol file as the engine writes it, in place, selected from the first size
+    the executor would pick it at: `plan`/msccl/`name`.xml."""
+    from ccltune.model.formats.msccl.limits import first_selected
+    from ccltune.model.formats.msccl.stream import render_lowering
+    from ccltune.synth import engine
+
+    start = first_selected(coll, arr.nranks, engine._chunks_per_loop(arr), 1)
+    assert start is not None
+    xml = plan / "msccl" / f"{name}.xml"
+    xml.parent.mkdir(exist_ok=True)
+    xml.write_text(render_lowering(low, name=name, proto="Simple", nchannels=arr.channels,
+                                   min_bytes=start, inplace=True), encoding="utf-8")  # fmt: skip
+
+
 def make_cluster(gpus: int, servers: int, fabric: str = "nvswitch", layout: str = "rail",
                  nvlink: float = 100.0, nic_gbps: float = 200.0, tiers: list[int] | None = None) -> ClusterTopology:  # fmt: skip
     if fabric == "nvswitch":

@@ -23,7 +23,7 @@ CUBE_8 = str(Path(__file__).resolve().parents[2] / "examples/clusters/dgx1-v100-
         ("v100-cubemesh-4", "alltoall"),  # relayed over 2-link neighbours
         ("v100-cubemesh-4", "allreduce"),
         (CUBE_8, "alltoall"),
-        ("mi300x-8", "alltoall"),  # symmetric: mesh files beside the sketch engine's; fill
+        ("mi300x-8", "alltoall"),  # symmetric: mesh files beside the sketch engine's
         ("mi300x-8", "allgather"),  # all 32 threadblocks: relayed chunks (mesh.fill_plan)
     ],
 )
@@ -32,8 +32,9 @@ def test_mesh_files_load_and_are_selected(ref: str, coll: str, tmp_path: Path) -
     res = synthesize(topo, coll, SIZES, time_budget_s=NO_TIME_LIMIT, out_dir=tmp_path / "msccl")
     files = [r for r in res.ranges if r.kind == "msccl"]
     assert any(r.label.startswith("mesh") for r in files), res.notes
-    if ref == "mi300x-8":  # the fills (64 chunks per pair for AlltoAll) among the files
-        assert any("/fill" in r.label for r in files), [r.label for r in files]
+    if ref == "mi300x-8":  # AllGather's fill; AlltoAll's copy-only threadblocks (mesh.py)
+        tag = "/copy" if coll == "alltoall" else "/fill"
+        assert any(tag in r.label for r in files), [r.label for r in files]
     assert all(0 < r.threadblocks <= res.max_threadblocks for r in files)
     assert all(s.estimate.time_us <= s.default.time_us for s in res.sizes)
     assert_loaded_and_selected(tmp_path, files)

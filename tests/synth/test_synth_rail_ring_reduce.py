@@ -17,8 +17,10 @@ from ccltune.model.formats.msccl.reader import read_msccl
 from ccltune.model.formats.msccl.stream import render_lowering
 from ccltune.model.formats.msccl.writer import MscclFormatError
 from ccltune.model.schedule.check import check_schedule
+from ccltune.model.sim.routing import Router
 from ccltune.synth import engine
 from ccltune.synth import rail_ring_reduce as rings
+from ccltune.synth.grid import file_time
 from ccltune.topology.presets import load_preset
 
 REDUCING = (Collective.REDUCESCATTER, Collective.ALLREDUCE)
@@ -61,7 +63,7 @@ def test_rail_64_shapes_fit_the_budget_and_the_step_limit() -> None:
     labels = [v.label for v in rings.variants(dims, Collective.REDUCESCATTER, 16, "t")]
     assert labels == ["rail-ring/p4r4/paired", "rail-ring/p4r2"]
     # 64 servers: one piece on one ring, 64 steps (AllReduce would need 128); not offered on
-    # 512 GPUs (MAX_RANKS: its read-back's memory)
+    # 512 GPUs (rail_ring.MAX_FILE_STEPS: the row's memory)
     big = load_preset("h800-rail-512").dimensions
     assert big is not None
     assert rings.applies(big, Collective.REDUCESCATTER)
@@ -111,3 +113,28 @@ def test_allreduce_files_pass_the_executors_own_code(tmp_path: Path) -> None:
                                        inplace=True), encoding="utf-8")  # fmt: skip
         out = check_plan(tmp_path / name, "--dtype-bytes", "2")
         assert f"PASS msccl/{name}.xml load" in out and "0 failed" in out
+
+
+def test_rail_64_allreduce_offers_two_pieces_and_the_engine_publishes_it_at_16_mib() -> None:
+    """h800-rail-64 AllReduce (simulated): p4 pipelines best from 64 MiB, p2 below (its files at
+    16 MiB: 270.9 us against p4's 380.6 and p1's 376.3 when measured), so the two offered are p4
+    and p2 (p1, offered before, never won on rail-64); the engine publishes p2 at 16 MiB, where
+    without it the search's file was chosen (295.0 us)."""
+    topo = load_preset("h800-rail-64")
+    dims = topo.dimensions
+    assert dims is not None
+    found = rings.variants(dims, Collective.ALLREDUCE, 16, "t")
+    assert [v.label for v in found] == ["rail-ring/p4r2", "rail-ring/p2r2"]
+    size = 16 << 20
+    router = Router(topo)
+    us = {}
+    for pieces in (4, 2, 1):
+        arr, low = lowering.lower(Collective.ALLREDUCE, 8, 8, pieces, min(pieces, 2), "t")
+        text = render_lowering(low, name="t", proto="Simple", nchannels=arr.channels)
+        got = file_time(Collective.ALLREDUCE, size, topo, router, text)
+        assert not isinstance(got, str), got
+        us[pieces] = got
+    assert us[2] < 0.8 * min(us[4], us[1]), us
+    (sr,) = engine.synthesize(topo, Collective.ALLREDUCE, [size], workers=1).sizes
+    assert sr.chosen == "rail-ring/p2r2", sr.chosen
+    assert sr.estimate.time_us == pytest.approx(us[2])

@@ -91,8 +91,9 @@ def test_streams_merge_only_as_far_as_the_budget_needs(n: int, c: int, budget: i
             lower_msccl(s, max_threadblocks=budget)
         return
     low = lower_msccl(s, max_threadblocks=budget)
-    assert low.threadblocks == min(streams, budget)
+    assert low.threadblocks <= budget  # the rest of the budget may copy the own chunks
     for tbs in low.tb_meta:  # each connection has one threadblock on each rank
+        assert sum(p >= 0 or q >= 0 for p, q, _ in tbs) == min(streams, budget)
         sends = [p for p, _, _ in tbs if p >= 0]
         recvs = [q for _, q, _ in tbs if q >= 0]
         assert sorted(sends) == sorted(set(sends)) and len(sends) == n - 1

@@ -8,8 +8,12 @@ favourable protocol, which bounds every choice.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from functools import lru_cache
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import fields, replace
+from typing import Generic, TypeVar
+
+import numpy as np
 
 from ..api.cluster import ClusterTopology
 from ..api.common import Collective, Source
@@ -41,6 +45,15 @@ EVALUATOR = "event simulator"
 # hierarchical schedule without the in-switch reduction; p2p alltoall: direct sends).
 _SCHEDULE_OF = {"p2p": "direct"}
 
+
+# Bytes the read-back and sliced-structure caches hold (below, `_Cached`): a 512-rank ring
+# file's read-back is ~110 MB and a sliced structure of it 70 MB an iteration; a 64-rank file's
+# ~2 MB. The read-backs' bound evicts none on the rows measured (rail-512 AllGather with its
+# ring file: 335 MB by this count), the structures' holds a ring file's two iterations beside
+# the small files' (docs/synthesis-scale.md, "Session 10: the rail rings within 2 GB").
+READ_BACK_BYTES = 768 << 20
+STRUCTURE_BYTES = 192 << 20
+V = TypeVar("V")
 
 # Times within this relative difference are a tie (float noise): a tie never replaces a default.
 TIE = 1e-9
@@ -113,16 +126,68 @@ def msccl_estimate(collective: Collective | str, size_bytes: int, topo: ClusterT
     return timed(collective, size_bytes, topo, res.time_us, choice)
 
 
-@lru_cache(maxsize=64)
-def _read_back(xml_text: str) -> ReadBack:
-    return read_msccl(xml_text)
+class _Cached(Generic[V]):
+    """`fn`'s results for the arguments last asked, least recently used out first: at most
+    `entries` of them and `max_bytes` as `size` counts them (the newest is kept whatever its
+    size). Bounded by bytes because one 512-rank file's entries are 10^3 times a small file's
+    (docs/synthesis-scale.md, "Session 10: the rail rings within 2 GB")."""
+
+    def __init__(self, fn: Callable[..., V], size: Callable[[V], int], entries: int,
+                 max_bytes: int) -> None:  # fmt: skip
+        self._fn, self._size, self.entries, self.max_bytes = fn, size, entries, max_bytes
+        self._held: OrderedDict[tuple[object, ...], tuple[V, int]] = OrderedDict()
+        self.held_bytes = 0
+
+    def __call__(self, *args: object) -> V:
+        hit = self._held.get(args)
+        if hit is not None:
+            self._held.move_to_end(args)
+            return hit[0]
+        value = self._fn(*args)
+        self._held[args] = (value, self._size(value))
+        self.held_bytes += self._held[args][1]
+        while len(self._held) > 1 and (len(self._held) > self.entries
+                                       or self.held_bytes > self.max_bytes):  # fmt: skip
+            self.held_bytes -= self._held.popitem(last=False)[1][1]
+        return value
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def cache_clear(self) -> None:
+        self._held.clear()
+        self.held_bytes = 0
 
 
-@lru_cache(maxsize=16)
-def _structure(xml_text: str, protocol: str, max_allowed_count: int, k: int) -> ScheduleArrays:
+def _arrays_bytes(arrays: ScheduleArrays) -> int:
+    return sum(a.nbytes for a in _fields_of(arrays) if isinstance(a, np.ndarray))
+
+
+def _read_back_bytes(rb: ReadBack) -> int:
+    # ~200 B a transfer object and 8 a dep, measured by tracemalloc on the 512-rank ring file
+    # (261,632 transfers, 7.5M deps: 110 MB); its arrays as they are
+    transfers = (rb.timed or rb.schedule).transfers
+    return 200 * len(transfers) + 8 * sum(len(t.deps) for t in transfers) + sum(
+        a.nbytes for a in _fields_of(rb) if isinstance(a, np.ndarray))  # fmt: skip
+
+
+def _fields_of(obj: object) -> list[object]:
+    return [getattr(obj, f.name) for f in fields(obj)]  # type: ignore[arg-type]
+
+
+# Read-backs by file text (a file is timed at many sizes and protocols: reading it is most of
+# its cost) and their sliced structures by (text, protocol, max_allowed_count, k).
+_read_back = _Cached(read_msccl, _read_back_bytes, entries=64, max_bytes=READ_BACK_BYTES)
+
+
+def _sliced_structure(xml_text: str, protocol: str, max_allowed_count: int,
+                      k: int) -> ScheduleArrays:  # fmt: skip
     # what a size changes beyond the bytes (slicing.structure); the bytes are set per call
     sl = Slicing(protocol, 0.0, SLICE_BYTES[protocol], k, 0.0, max_allowed_count)
     return structure(_read_back(xml_text), sl, k)
+
+
+_structure = _Cached(_sliced_structure, _arrays_bytes, entries=16, max_bytes=STRUCTURE_BYTES)
 
 
 def published_estimate(collective: Collective | str, size_bytes: int, topo: ClusterTopology,

@@ -40,7 +40,7 @@ from ..model.cost.gpu import gpu_physics
 from ..model.cost.protocols import protocol_cost
 from ..model.formats.msccl.limits import MAX_CHANNELS, MAX_COUNT, MAX_STEPS, first_selected
 from ..model.formats.msccl.slicing import iterations_to_simulate, slicing
-from ..model.formats.msccl.stream import render_lowering, write_lowering
+from ..model.formats.msccl.stream import render_lowering, write_lowering, write_retitled
 from ..model.formats.msccl.writer import MscclFormatError, MscclLowering, lower_msccl
 from ..model.nccl.default import default_estimate, nccl_default, nccl_graph
 from ..model.schedule.ir import Schedule, ScheduleArrays
@@ -390,6 +390,9 @@ def synthesize(
     # (lowering is the writer's costly part, and it does not depend on the protocol or range).
     lowered: dict[str, MscclLowering] = {}
     as_schedule = LastSchedule()  # each lowering of one variant reads the same transfers
+    # Labels lowered by `verified` from arr_of[label]: check_schedule passed on that schedule,
+    # so its other pairings' lowerings do not prove it again (1.65 s a time on rail-512).
+    proven: set[str] = set()
 
     def verified(label: str) -> bool:
         """Lowered exactly (the writer's threadblocks, steps and nops) only when needed: the
@@ -397,7 +400,13 @@ def synthesize(
         if label not in verdict:
             verdict[label] = False
             why = ""
+            tried: list[tuple[ScheduleArrays, int]] = []  # deals lowered, work spent on each
             for arr in deals_of[label]:
+                again = next((w for t, w in tried if _same_schedule(arr, t)), None)
+                if again is not None:  # the deals often coincide: it failed, and would again
+                    clock.spend(again)  # counted as if lowered, so the budget cuts where it did
+                    continue
+                before = clock.spent
                 low = None
                 # "minmax" (no more pairs than the budget forces, lightest first) only where
                 # "forwarding" breaks the step limit: its files wait more where both fit.
@@ -405,8 +414,10 @@ def synthesize(
                     clock.spend(len(arr))
                     low = None
                     try:
+                        # minmax only after forwarding's lowering of it, which proved it
                         low = lower_msccl(as_schedule(arr), max_threadblocks=budget,
-                                          pairing=pairing, order="early")  # fmt: skip
+                                          pairing=pairing, order="early",
+                                          proven=pairing != "forwarding")  # fmt: skip
                         low.require(max_threadblocks=budget)
                         break
                     except MscclFormatError as exc:
@@ -415,8 +426,10 @@ def synthesize(
                         low = None
                         if not over_steps or _minmax_steps(arr, budget) > MAX_STEPS:
                             break
+                tried.append((arr, clock.spent - before))
                 if low is not None:
                     arr_of[label], verdict[label], lowered[label] = arr, True, low
+                    proven.add(label)
                     break
             if not verdict[label]:
                 dropped.append(f"{label}: {why}")
@@ -432,14 +445,16 @@ def synthesize(
         `in_time_order` is False (the lean files: LL, latency-bound)."""
         if label not in paired:
             paired[label] = [label]
-            if label in lowered:
+            if label in lowered or label in rendered:
                 try:
                     alt = lower_msccl(as_schedule(arr_of[label]), max_threadblocks=budget,
-                                      pairing="balanced", order="early")  # fmt: skip
+                                      pairing="balanced", order="early",
+                                      proven=label in proven)  # fmt: skip
                     alt.require(max_threadblocks=budget)
                 except MscclFormatError:
                     alt = None
-                if alt is not None and alt.tb_meta != lowered[label].tb_meta:
+                meta = lowered[label].tb_meta if label in lowered else rendered[label].tb_meta
+                if alt is not None and alt.tb_meta != meta:
                     twin = f"{label} [balanced]"
                     arr_of[twin], lowered[twin], sel_from[twin] = arr_of[label], alt, sel_from[label]
                     paired[label].append(twin)
@@ -487,6 +502,10 @@ def synthesize(
         arr_of[v.label], lowered[v.label], verdict[v.label] = v.arrays, v.lowering, True
         sel_from[v.label] = first_selected(coll, topo.world_size, _chunks_per_loop(v.arrays), 1)
         rail_reduces.append(v.label)
+    if ringed:  # the loops' last lowering is held by `lowered` alone, so dropping it frees it
+        del low
+    if rail_reduces:
+        del v
     say(f"{len(variants)} candidate schedules assembled", 0.45)
 
     # Evaluate: screen every variant at the smallest and largest size, then simulate the few
@@ -509,25 +528,40 @@ def synthesize(
             simulated[key] = simulate(arr, topo, size, cost, router, engine="symmetric").time_us
         return simulated[key]
 
-    files: dict[tuple[str, str], str] = {}
+    # One rendered text per label (its other protocols are rewritten from it); once rendered,
+    # the label's lowering is dropped and its file written from the text (`rendered`): the
+    # rail-512 ring's lowering held 338 MB to the end, its text is 58 MB.
+    files: dict[str, str] = {}
+    rendered: dict[str, RenderedFile] = {}
     apart: side.FilesApart | None = None  # files timed in a second process (workers > 1)
+    # Each (file, protocol, size) timed once: between grid points a rail ring that won at a
+    # neighbour is asked for twice (as that winner and as a ring). Its work is still counted
+    # per ask, so the budget cuts where it did.
+    file_times: dict[tuple[str, str, int], float | str] = {}
 
     def file_us(label: str, proto: str, size: int) -> float:
         """The variant's file with `proto`, read back and simulated as published (inf: the
         executor would deadlock on it)."""
         clock.spend(_file_work(coll, arr_of[label], proto, size))
-        if apart is not None and apart.handles(label, proto):
+        if (label, proto, size) in file_times:
+            got = file_times[(label, proto, size)]
+        elif apart is not None and apart.handles(label, proto):
             got = apart.time(label, proto, size)
         else:
-            rendered = next((t for (lb, _), t in files.items() if lb == label), None)
-            if (label, proto) not in files and rendered is not None:
-                files[(label, proto)] = as_protocol(rendered, proto)
-            if (label, proto) not in files:
+            if label not in files:
                 low = lowered.get(label) or lower_msccl(as_schedule(arr_of[label]),
                                                         max_threadblocks=budget, order="early")  # fmt: skip
-                files[(label, proto)] = render_lowering(low, name=label, proto=proto,
-                                                        nchannels=arr_of[label].channels)  # fmt: skip
-            got = file_time(coll, size, topo, router, files[(label, proto)])
+                files[label] = render_lowering(low, name=label, proto=proto,
+                                               nchannels=arr_of[label].channels)  # fmt: skip
+                if label in lowered and _fits(low, budget):
+                    rendered[label] = RenderedFile(files[label], low.threadblocks, low.tb_meta)
+                    del lowered[label]  # a side process forked earlier keeps its own copy
+                del low  # not held while the file is timed
+            text = files[label]
+            got = file_time(coll, size, topo, router,
+                            text if f' proto="{proto}"' in text[:text.index(">")]
+                            else as_protocol(text, proto))  # fmt: skip
+        file_times[(label, proto, size)] = got
         if isinstance(got, str):
             dropped.append(f"{label}/{proto}: {got}")
             return math.inf
@@ -567,8 +601,11 @@ def synthesize(
     # linear in size, so a variant losing at both ends rarely wins in between).
     grid, order = evaluation_order(len(sizes))
     if workers > 1 and finalists:
-        # The files each grid size would time, looked ahead from the engine's times (which do
-        # not depend on earlier sizes): a second process reads and times part of them.
+        # The files each grid size surely times, looked ahead from the engine's times (which do
+        # not depend on earlier sizes): a second process reads and times part of them. Only the
+        # best (variant, protocol)'s: the loop times the next only if its schedule beats the
+        # best file so far, which is not known here (a guess cost lowerings and timings in
+        # vain: docs/synthesis-scale.md, "Session 10: CPU cuts").
         ahead: list[tuple[str, str, int]] = []
         for i in grid:
             s = sizes[i]
@@ -578,7 +615,7 @@ def synthesize(
             here = [(run(arr, s, pr, charge=False), lb, pr) for lb, arr in finalists
                     if sel_from.get(lb) is not None and (sel_from.get(lb) or 0) <= s
                     for pr in _protocols(s)]  # fmt: skip
-            ahead += [(twin, pr, s) for t, lb, pr in sorted(here)[:FILE_FINALISTS]
+            ahead += [(twin, pr, s) for t, lb, pr in sorted(here)[:1]
                       if s not in known or a2a.worth_timing(t, known[s][0].time_us)
                       for twin in pairings(lb)]  # fmt: skip
         apart = files_apart = side.FilesApart(coll, topo, router, lowered, arr_of, ahead)
@@ -732,12 +769,22 @@ def synthesize(
     _mesh_sizes(result, topo, coll, router, milp_nodes[1], lowered)
     t4 = time.perf_counter()
     result.ranges = _ranges(result.sizes, result.schedules, coll, topo, out_dir, result,
-                            lowered)  # fmt: skip
+                            lowered, rendered)  # fmt: skip
     result.timings["emit_s"] = time.perf_counter() - t4
     result.timings["total_s"] = time.perf_counter() - clock.start
     result.work = clock.spent
     say("done", 1.0)
     return result
+
+
+def _same_schedule(a: ScheduleArrays, b: ScheduleArrays) -> bool:
+    """Equal in every field a lowering reads: the same lowering, or the same failure."""
+    fields = ("src", "dst", "chunk", "count", "reduce", "channel", "dep_ptr", "dep_idx")
+    return ((a.name, a.collective, a.nranks, a.chunks_per_rank, a.root, a.protocol, a.channels)
+            == (b.name, b.collective, b.nranks, b.chunks_per_rank, b.root, b.protocol, b.channels)
+            and (a.tb is None) == (b.tb is None)
+            and (a.tb is None or b.tb is None or np.array_equal(a.tb, b.tb))
+            and all(np.array_equal(getattr(a, f), getattr(b, f)) for f in fields))  # fmt: skip
 
 
 class LastSchedule:
@@ -1124,7 +1171,8 @@ def _pick(coll: Collective, s: int, topo: ClusterTopology, default: Estimate,
 
 def _ranges(sizes: list[SizeResult], schedules: dict[str, ScheduleArrays], coll: Collective,
             topo: ClusterTopology, out_dir: Path | str | None, result: SynthesisResult,
-            lowered: dict[str, MscclLowering] | None = None) -> list[RangeResult]:  # fmt: skip
+            lowered: dict[str, MscclLowering] | None = None,
+            rendered: dict[str, RenderedFile] | None = None) -> list[RangeResult]:  # fmt: skip
     groups: list[list[SizeResult]] = []
     for sr in sizes:
         if groups and (groups[-1][-1].chosen, groups[-1][-1].protocol) == (sr.chosen, sr.protocol):
@@ -1144,7 +1192,8 @@ def _ranges(sizes: list[SizeResult], schedules: dict[str, ScheduleArrays], coll:
             try:
                 rr.xml_file = _write_xml(arr, coll, rr, Path(out_dir), topo,
                                          result.max_threadblocks,
-                                         (lowered or {}).get(first.chosen))  # fmt: skip
+                                         (lowered or {}).get(first.chosen)
+                                         or (rendered or {}).get(first.chosen))  # fmt: skip
             except MscclFormatError as exc:
                 # The executor cannot run it (its limits or the SM budget): NCCL instead.
                 rr.kind, rr.xml_file = "nccl", None
@@ -1159,11 +1208,30 @@ def _ranges(sizes: list[SizeResult], schedules: dict[str, ScheduleArrays], coll:
     return out
 
 
+@dataclass(frozen=True)
+class RenderedFile:
+    """A lowering's file as rendered for timing, kept instead of the lowering: the range's file
+    is written from it (`write_retitled`), and `tb_meta` tells a balanced pairing apart."""
+
+    text: str
+    threadblocks: int
+    tb_meta: list[list[tuple[int, int, int]]]
+
+
+def _fits(low: MscclLowering, budget: int) -> bool:
+    """`low.require` passes: its file can be written from the text alone."""
+    try:
+        low.require(max_threadblocks=budget)
+    except MscclFormatError:
+        return False
+    return True
+
+
 def _write_xml(arr: ScheduleArrays, coll: Collective, rr: RangeResult, out_dir: Path,
                topo: ClusterTopology, budget: int,
-               low: MscclLowering | None = None) -> str:  # fmt: skip
+               low: MscclLowering | RenderedFile | None = None) -> str:  # fmt: skip
     """`low`: the schedule's lowering already made (and checked: lower_msccl proves the schedule
-    with check_schedule first, so no file the checker rejects is written)."""
+    with check_schedule first, so no file the checker rejects is written), or its rendering."""
     # From the smallest size simulated in the range (the first range's lower end, 0, was never
     # simulated); evaluation only picked sizes the executor selects, so nothing narrows here.
     lo = max(rr.min_bytes, rr.sizes[0].size_bytes)
@@ -1176,7 +1244,8 @@ def _write_xml(arr: ScheduleArrays, coll: Collective, rr: RangeResult, out_dir: 
     name = f"{coll.value}-{topo.world_size}r-{format_size(max(rr.min_bytes, 1))}-{hi}-{rr.protocol}"
     if low is None:
         low = lower_msccl(arr.to_schedule(), max_threadblocks=budget)
-    low.require(max_threadblocks=budget)
+    if isinstance(low, MscclLowering):
+        low.require(max_threadblocks=budget)
     rr.threadblocks = low.threadblocks
     # In place too (DDP's gradient all-reduce is): the writer never writes the input, so the
     # same steps are correct with input and output aliased (model/msccl.py), except alltoall.
@@ -1185,9 +1254,13 @@ def _write_xml(arr: ScheduleArrays, coll: Collective, rr: RangeResult, out_dir: 
     part = path.with_name(path.name + ".part")  # renamed when complete: never half a file
     try:
         with part.open("w", encoding="utf-8") as fh:
-            write_lowering(low, fh, name=name, proto=rr.protocol, nchannels=arr.channels,
-                           min_bytes=start, max_bytes=rr.max_bytes or None,
-                           inplace=coll != Collective.ALLTOALL)  # fmt: skip
+            if isinstance(low, RenderedFile):  # rendered with the same channels (file_us)
+                write_retitled(low.text, fh, name=name, proto=rr.protocol, minBytes=start,
+                               maxBytes=rr.max_bytes, inplace=int(coll != Collective.ALLTOALL))  # fmt: skip
+            else:
+                write_lowering(low, fh, name=name, proto=rr.protocol, nchannels=arr.channels,
+                               min_bytes=start, max_bytes=rr.max_bytes or None,
+                               inplace=coll != Collective.ALLTOALL)  # fmt: skip
     except BaseException:
         part.unlink(missing_ok=True)
         raise

@@ -11,10 +11,13 @@ whole collective is one sub-demand on the server's GPU graph (group.GroupTopo.gp
 - ReduceScatter: the AllGather reversed; AllReduce: ReduceScatter then AllGather. On a full
   mesh also direct sends whose contributions arrive at once into scratch and are reduced
   locally (formats/msccl/scratch.py), instead of reduces chained into one buffer: offered
-  where the read-back charges local reduces (SCRATCH_REDUCES).
+  where the read-back charges local reduces (SCRATCH_REDUCES). On a full mesh of equal links,
+  `rrc` chains laid out in rounds on the whole budget (mesh_rounds.py). On a mesh of unequal
+  links also several rings at once (mesh_rings.py; the cube-mesh quad).
 - AlltoAll: each pair's data split into pieces over direct and one-relay paths by an LP that
   minimises the busiest link's load per lane (max-flow routing: on the cube-mesh a 1-link
-  pair's data partly rides a 2-link neighbour), on every channel.
+  pair's data partly rides a 2-link neighbour), on every channel; beside the copy's
+  threadblocks, per what a link's channels move (`connection_caps`).
 - Fills (AllGather, AlltoAll) on a full uniform mesh whose peers do not divide the SM budget
   (MI300X: 32 threadblocks, 7 peers): every threadblock carries the same share, the excess of
   the peers with fewer channels relayed (`fill_plan`); evaluated after the other variants.
@@ -49,7 +52,8 @@ from ..model.schedule.ir import ScheduleArrays
 from ..model.sim.routing import Router
 from ..model.sim.simulate import simulate
 from . import assemble as asm
-from .fill import MAX_CHUNKS, fill_allgather, fill_alltoall, fill_alltoall_plan, fill_plan
+from . import mesh_rings, mesh_rounds
+from .fill import MAX_CHUNKS, FillPlan, fill_allgather, fill_alltoall, fill_alltoall_plan, fill_plan
 from .grid import FILE_FINALISTS, evaluation_order, file_time
 from .group import GroupTopo
 from .milp import SubDemand, SubSchedule, greedy, solve
@@ -59,6 +63,10 @@ PIECES = (1, 2, 4)  # AllGather pieces per GPU in the sub-demand pattern
 DEPTHS = (1, 2, 4)  # pattern copies queued on one channel
 A2A_PIECES = (1, 4)  # AlltoAll pieces per pair (1: direct where a link exists)
 SCREEN_KEEP = 2  # variants kept per screening size
+# Chunks per channel of the AlltoAll that leaves threadblocks to the copy: a threadblock's
+# later receives overlap their latency (mi300x-8 at 1 GiB, simulated: 1 chunk 82.8% of the
+# budget bound, 8 chunks 87.0%; docs/synthesis.md "Session 10").
+COPY_DEPTH = 8
 # Largest AllGather model (binary sends) given to the MILP; above it the greedy pattern stands.
 # DGX-1's 4-piece model (6,144) costs ~13 s of HiGHS root-LP work for 5 epochs instead of 6, and
 # no size chooses it: one threadblock moves less than a link, so threadblocks bind first.
@@ -87,6 +95,7 @@ class MeshVariants:
     dropped: list[str] = field(default_factory=list)
     patterns: list[SubSchedule] = field(default_factory=list)
     unfit: set[str] = field(default_factory=set)
+    copy_tbs: dict[str, int] = field(default_factory=dict)  # threadblocks kept for the copy
 
     def fits(self, label: str) -> bool:
         """Lowered (checked) for msccl-executor-nccl within the budget, on first use: only
@@ -96,7 +105,8 @@ class MeshVariants:
         if label in self.unfit:
             return False
         try:
-            low = lower_msccl(self.schedules[label].to_schedule(), max_threadblocks=self.budget)
+            low = lower_msccl(self.schedules[label].to_schedule(), max_threadblocks=self.budget,
+                              copy_threadblocks=self.copy_tbs.get(label, 0))  # fmt: skip
             low.require(max_threadblocks=self.budget, max_steps=MAX_STEPS)
         except MscclFormatError as exc:
             self.dropped.append(f"{label}: {exc}")
@@ -117,7 +127,8 @@ class MeshVariants:
             return None
         try:
             low = lower_msccl(self.schedules[label].to_schedule(), max_threadblocks=self.budget,
-                              order="early")  # fmt: skip
+                              order="early",
+                              copy_threadblocks=self.copy_tbs.get(label, 0))  # fmt: skip
             low.require(max_threadblocks=self.budget, max_steps=MAX_STEPS)
         except MscclFormatError:
             low = None
@@ -154,6 +165,27 @@ def variants(topo: ClusterTopology, coll: Collective, budget: int,
                 if copies * k <= MAX_CHUNKS:
                     built.append((f"mesh-a2a/k{k}t{tbs}",
                                   alltoall(group, routes, k, copies, chans)))  # fmt: skip
+        # Direct sends on the budget less 1/n of it, the rest kept for the own block's copy
+        # (1/n of the data; the writer's copy-only threadblocks), COPY_DEPTH chunks per
+        # channel (docs/synthesis.md "Session 10: the copy on threadblocks of its own").
+        tbs = budget - budget // n
+        if tbs >= peers and tbs not in fills:
+            routes = alltoall_routes(group, 1)
+            load = _pair_load([(u, v) for rs in routes.values() for r in rs
+                               for u, v in itertools.pairwise(r)])  # fmt: skip
+            chans = channels_per_pair(group, load, tbs)
+            copies = min(MAX_CHUNKS, max(chans.values()) * COPY_DEPTH)
+            label = f"mesh-a2a/k1t{tbs}/copy"
+            built.append((label, alltoall(group, routes, 1, copies, chans)))
+            out.copy_tbs[label] = budget - tbs
+            # The same threadblocks with part of a 1-lane pair's data relayed through 2-lane
+            # neighbours where their threadblocks have room (cube-mesh; docs/synthesis.md
+            # "Session 10: the cube-mesh").
+            routed = alltoall_routes(group, MAX_CHUNKS, connection_caps(topo, group, chans))
+            if any(len(r) > 2 for rs in routed.values() for r in rs):
+                label = f"mesh-a2a/r{MAX_CHUNKS}t{tbs}/copy"
+                built.append((label, alltoall(group, routed, MAX_CHUNKS, 1, chans)))
+                out.copy_tbs[label] = budget - tbs
         a2a = fill_alltoall_plan(group, budget)
         if a2a is not None:
             built.append((f"mesh-a2a/fill{budget}", fill_alltoall(a2a)))
@@ -181,15 +213,61 @@ def variants(topo: ClusterTopology, coll: Collective, budget: int,
                             rs, ag, rs.name)  # fmt: skip
                     built.append((label, ag))
         # AllGather only: reversed, its relays' reduce chains deadlock in the executor's FIFO
-        # model (mi300x-8 ReduceScatter / AllReduce files, simulated).
-        filled = fill_plan(group, budget) if coll == Collective.ALLGATHER else None
-        if filled is not None:
+        # model (mi300x-8 ReduceScatter / AllReduce files, simulated); reduces get their own
+        # relays, in rounds (mesh_rounds.py).
+        filled = fill_plan(group, budget)
+        if filled is not None and coll == Collective.ALLGATHER:
             label = f"mesh/fill{budget}"
             built.append((label, fill_allgather(filled, label)))
+        if coll != Collective.ALLGATHER:
+            built += _round_variants(group, coll, budget, filled)
+        if coll != Collective.ALLGATHER:
+            built += _ring_variants(topo, group, coll, budget)
         if coll != Collective.ALLGATHER and SCRATCH_REDUCES:
             _scratch_variants(group, coll, budget, out)
     out.schedules.update(built)
     return out
+
+
+def _round_variants(group: GroupTopo, coll: Collective, budget: int,
+                    filled: FillPlan | None) -> list[tuple[str, ScheduleArrays]]:  # fmt: skip
+    """ReduceScatter / AllReduce with `rrc` chains in rounds (mesh_rounds.py) on a full mesh of
+    equal links: on the whole budget with relays where `fill_plan` deals it and a layout is
+    found (MI300X: 32), else direct on the most channels per pair that fit (a power of two). mi300x-8 ReduceScatter at
+    64 MiB, simulated: 193.4 us as a file (fill), 211.5 (direct, 28 threadblocks), NCCL 226.6."""
+    n = group.size
+    name = f"ccltune-mesh-{coll.value}"
+    if filled is not None:
+        arr = mesh_rounds.fill_reduce(n, filled.channels, budget, coll, f"{name}-rounds{budget}")
+        if arr is not None:
+            return [(f"mesh/fill-rounds{budget}", arr)]
+    if n < 3 or len(group.links()) != n * (n - 1) or len({group.capacity(*lk)
+                                                         for lk in group.links()}) != 1:  # fmt: skip
+        return []
+    k = 1 << ((budget // (n - 1)).bit_length() - 1) if budget >= n - 1 else 0
+    m = 1 << (n - 2).bit_length()  # chunks per channel: the fewest powers of two >= n - 1
+    if not k or k * m > MAX_CHUNKS:
+        return []
+    return [(f"mesh/rounds-k{k}c{k * m}", mesh_rounds.rotation(n, k, m, coll,
+                                                               f"{name}-rounds-k{k}"))]  # fmt: skip
+
+
+def _ring_variants(topo: ClusterTopology, group: GroupTopo, coll: Collective,
+                   budget: int) -> list[tuple[str, ScheduleArrays]]:  # fmt: skip
+    """ReduceScatter / AllReduce on several rings at once where the links are unequal
+    (mesh_rings.py; the cube-mesh quad: 4 rings on 2 channels each, AllReduce 1,290.1 us at
+    64 MiB against NCCL's ring's 1,339.7, simulated)."""
+    if len({group.capacity(*lk) for lk in group.links()}) < 2:
+        return []
+    phys = gpu_physics(topo.gpu_model)
+    lane = group.bandwidth_gbps * (phys.nvlink_efficiency if phys else 1.0)
+    found = mesh_rings.rings(group, budget, lane, phys.tb("Simple") if phys else math.inf)
+    if not found:
+        return []
+    per, depth = budget // len(found), mesh_rings.depth_for(group.size)
+    name = f"ccltune-mesh-{coll.value}-rings{len(found)}x{per}"
+    return [(f"mesh/rings{len(found)}x{per}d{depth}",
+             mesh_rings.ring_reduce(group.size, found, per, depth, coll, name))]
 
 
 # Offered exactly when the read-back charges local steps: uncharged, the reducing threadblocks'
@@ -374,15 +452,31 @@ def _topological(deps: list[set[int]]) -> list[int]:
 Route = list[int]  # GPUs from the sender to the receiver
 
 
-def alltoall_routes(group: GroupTopo, pieces: int) -> dict[tuple[int, int], list[Route]]:
+def connection_caps(topo: ClusterTopology, group: GroupTopo,
+                    chans: dict[Pair, int]) -> dict[Pair, float]:  # fmt: skip
+    """Per directed link, the GB/s its connections can move: its lanes at the SM-copy rate, or
+    its channels' threadblocks (Simple) where they move less. A cube-mesh 2-lane pair on 2
+    channels moves 25 GB/s, not 40: its spare lanes carry no relay its threadblocks cannot."""
+    phys = gpu_physics(topo.gpu_model)
+    lane = group.bandwidth_gbps * (phys.nvlink_efficiency if phys else 1.0)
+    tb = phys.tb("Simple") if phys else math.inf
+    return {(u, v): min(group.capacity(u, v) * lane, chans.get((u, v), 0) * tb)
+            for u, v in group.links()}  # fmt: skip
+
+
+def alltoall_routes(group: GroupTopo, pieces: int, caps: dict[Pair, float] | None = None,
+                    ) -> dict[tuple[int, int], list[Route]]:  # fmt: skip
     """Per ordered pair, the route of each of its `pieces` pieces: the LP's split of the pair's
-    data over its direct link and one-relay paths, minimising the busiest link's load per lane,
-    rounded to whole pieces by largest remainder (one piece: the shortest path)."""
+    data over its direct link and one-relay paths, minimising the busiest link's load over its
+    capacity (`caps`, default its lanes), rounded to whole pieces by largest remainder (one
+    piece: the shortest path)."""
     n = group.size
     pairs = [(s, d) for s in range(n) for d in range(n) if s != d]
     if pieces == 1:
         return {(s, d): [group.shortest_paths(s, d)[0]] for s, d in pairs}
-    lanes = {(u, v): group.capacity(u, v) for u, v in group.links()}
+    lanes: dict[Pair, float] = {(u, v): group.capacity(u, v) for u, v in group.links()}
+    if caps:  # in units of the largest, as lanes are, so the LP's hop cost stays small
+        lanes = {lk: c / max(caps.values()) for lk, c in caps.items()}
     paths = {(s, d): [[s, d]] * ((s, d) in lanes)
              + [[s, w, d] for w in range(n) if (s, w) in lanes and (w, d) in lanes]
              for s, d in pairs}  # fmt: skip
@@ -402,8 +496,8 @@ def alltoall_routes(group: GroupTopo, pieces: int) -> dict[tuple[int, int], list
 
 
 def _route_lp(paths: dict[tuple[int, int], list[Route]],
-              lanes: dict[tuple[int, int], int]) -> dict[tuple[int, int], list[float]]:  # fmt: skip
-    """min T: each pair's path flows sum to 1, each link's load <= T x its lanes; among the
+              lanes: dict[tuple[int, int], float]) -> dict[tuple[int, int], list[float]]:  # fmt: skip
+    """min T: each pair's path flows sum to 1, each link's load <= T x its capacity; among the
     optima the fewest relayed hops (a small cost per hop)."""
     cols = [(pair, i) for pair, ps in paths.items() for i in range(len(ps))]
     n = len(cols) + 1  # the last column is T
@@ -498,12 +592,13 @@ def evaluate(topo: ClusterTopology, coll: Collective, sizes: list[int], found: M
         # whose schedule was fastest at either (engine.py does the same).
         grid, order = evaluation_order(len(sizes))
         fastest: dict[int, str] = {}
+        won: dict[int, str] = {}  # and whose file won: a schedule leaves out the copy
         for i in order:
             s = sizes[i]
             tried = kept
             if i not in grid:
-                near = {fastest.get(max(j for j in grid if j < i)),
-                        fastest.get(min(j for j in grid if j > i))}  # fmt: skip
+                lo, hi = max(j for j in grid if j < i), min(j for j in grid if j > i)
+                near = {fastest.get(lo), fastest.get(hi), won.get(lo), won.get(hi)}
                 tried = [lb for lb in kept if lb in near] or kept
             engine = [(engine_us(label, s, proto), label, proto) for label in tried
                       if (start := sel_from[label]) is not None and start <= s
@@ -527,6 +622,7 @@ def evaluate(topo: ClusterTopology, coll: Collective, sizes: list[int], found: M
                         continue
                     if s not in best_of or f < best_of[s][0]:
                         best_of[s] = (f, lb, proto)
+                        won[i] = label
         return best_of
 
     # The fill's schedules run at the bound where its files lose ~10% to them: ranked with
@@ -534,8 +630,10 @@ def evaluate(topo: ClusterTopology, coll: Collective, sizes: list[int], found: M
     # AllGather 512K..16M, simulated), so it is evaluated after them, against their files.
     # The scratch variants likewise: their schedules beat the direct variants' at 1-16 KiB on
     # v100-cubemesh-4 AllReduce and took their places, but their files were up to 1.2x slower.
+    # "/copy" variants too: their schedules leave out the own block's copy they make room for,
+    # so ranked by schedule they were never timed as files (cube-mesh-4 AlltoAll 128-512 MiB).
     labels = list(found.schedules)
-    later = [lb for lb in labels if "/fill" in lb or "/scratch" in lb]
+    later = [lb for lb in labels if "/fill" in lb or "/scratch" in lb or "/copy" in lb]
     best_of = best_files([lb for lb in labels if lb not in later], dict(beat or {}))
     if later:
         bars = {s: min((beat or {}).get(s, math.inf), best_of[s][0] if s in best_of else math.inf)

@@ -18,11 +18,17 @@ from ..model.formats.msccl.writer import MscclFormatError, MscclLowering
 from ..model.schedule.ir import ScheduleArrays
 
 LABEL = "rail rings"
-# Steps a file may hold in all to be offered. h800-rail-512's file (492,544 steps) takes the
-# row's peak RSS from 1.35 to 3.43 GB (issue 18's limit: 2 GB), now mostly in timing its read-back
-# (the read-back alone peaks at 0.74 GB), so it is not offered there (h800-rail-64: 7,808
-# steps). docs/synthesis-scale.md, "Session 9: reading a 500k-step file".
-MAX_FILE_STEPS = 100_000
+# Steps a rail-ring file (AllGather here, ReduceScatter and AllReduce in rail_ring_reduce.py)
+# may hold in all to be offered: what its row's memory grows with (its lowering, ~700 B a step
+# as Python objects, the read-back's steps and transfers, the sliced deps). h800-rail-512's
+# AllGather file (492,544 steps) still takes its row from 1.4 to 2.4 GB peak RSS with the
+# timing's peaks cut, the caches bounded by bytes and its lowering dropped once rendered (issue
+# 18's limit: 2 GB), so neither 512-GPU file (ReduceScatter: 491,520, 2.1 GB; AllReduce has
+# none within 64 steps) is offered. Set above every file the gate by ranks (256) let through
+# (the largest: 245,760, ReduceScatter on 32 x 8); h800-rail-64's are 7,808 (AllGather),
+# 30,720 (ReduceScatter), 61,184 (AllReduce).
+# docs/synthesis-scale.md, "Session 10: the rail rings within 2 GB".
+MAX_FILE_STEPS = 250_000
 
 
 def shape(dims: list[Dimension]) -> tuple[int, int] | None:

@@ -14,23 +14,25 @@ from ..model.formats.msccl import rail_ring_reduce as lowering
 from ..model.formats.msccl.limits import MAX_STEPS
 from ..model.formats.msccl.writer import MscclFormatError, MscclLowering
 from ..model.schedule.ir import ScheduleArrays
+from .rail_ring import MAX_FILE_STEPS
 
 COLLECTIVES = (Collective.REDUCESCATTER, Collective.ALLREDUCE)
 # (pieces, rings, paired) tried, best first by their files on h800-rail-64 (simulated, 64 MiB
 # to 1 GiB): ReduceScatter p4 on 4 rings with paired NVSwitch threadblocks, AllReduce p4 on 2
-# rings; one piece on one ring is what 64 servers' 64 steps leave (h800-rail-512).
-SHAPES = ((4, 4, True), (4, 2, False), (1, 1, False))
+# rings, then p2 on 2 rings (AllReduce 4-32 MiB: 181.6 / 270.9 / 438.2 us against p4's 312.4 /
+# 380.6 / 473.4; p1 never won on rail-64); one piece on one ring is what 64 servers' 64 steps
+# leave (h800-rail-512). docs/synthesis.md, "Session 10: rail AllReduce".
+SHAPES = ((4, 4, True), (4, 2, False), (2, 2, False), (1, 1, False))
 # Smallest size its files are timed at: below, each of the S-1 ring hops in sequence pays a
 # network step (rail-64 ReduceScatter at 1 MiB: 84.5 us, NCCL 121.8; the lean and search
 # variants are the latency-lean ones).
 MIN_BYTES = 1 << 20
 PROTOCOLS = ("Simple", "LL128")
 MAX_VARIANTS = 2  # files timed per size: each 512-rank read-back costs ~15 s CPU
-# Largest fabric offered. h800-rail-512 ReduceScatter's ring file wins (31.5% of the budget bound
-# at >= 64 MiB against 16.8%, 3.64x NCCL at 1 GiB, simulated), but reading back its 458k steps
-# beside the engine's state took the row to 2,556 MB peak RSS (issue 18's target: < 2 GB; the
-# row was 1,875 MB PSS): not offered there until its read-back fits.
-MAX_RANKS = 256
+# Files offered up to rail_ring.MAX_FILE_STEPS steps (`file_steps`). h800-rail-512
+# ReduceScatter's ring file wins (31.5% of the budget bound at >= 64 MiB against 16.8%, 3.64x
+# NCCL at 1 GiB, simulated), but with it the row reached 2,556 MB peak RSS, 2,097 after session
+# 10's cuts (issue 18's target: < 2 GB): not offered there (docs/synthesis-scale.md, "Session 10: the rail rings within 2 GB").
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,19 +52,29 @@ def label(pieces: int, rings: int, paired: bool) -> str:
     return f"rail-ring/p{pieces}r{rings}" + ("/paired" if paired else "")
 
 
+def file_steps(coll: Collective, servers: int, gpus: int, pieces: int) -> int:
+    """Steps of the whole file (any rings, paired or not): per GPU, each of its G-1 peers'
+    sends and receives of S x pieces units (twice for AllReduce: its AllGather too), and the
+    rings' S steps a piece (2S - 1 for AllReduce)."""
+    twice = coll == Collective.ALLREDUCE
+    per_gpu = 2 * (gpus - 1) * servers * pieces * (1 + twice) + \
+        pieces * (2 * servers - 1 if twice else servers)  # fmt: skip
+    return servers * gpus * per_gpu
+
+
 def variants(dims: list[Dimension], coll: Collective, budget: int,
              name: str) -> list[Variant]:  # fmt: skip
     """The shapes that fit `budget` threadblocks and the executor's limits, best first."""
     if not applies(dims, coll):
         return []
     gpus, servers = dims[0].size, dims[1].size
-    if gpus * servers > MAX_RANKS:
-        return []
     out: list[Variant] = []
     for pieces, rings, paired in SHAPES:
         tbs = rings + (gpus - 1) * (1 if paired else 2)
         steps = servers * pieces * (2 if coll == Collective.ALLREDUCE else 1) * (2 if paired else 1)
         if tbs > budget or steps > MAX_STEPS or len(out) == MAX_VARIANTS:
+            continue
+        if file_steps(coll, servers, gpus, pieces) > MAX_FILE_STEPS:
             continue
         lb = label(pieces, rings, paired)
         try:
@@ -73,5 +85,5 @@ def variants(dims: list[Dimension], coll: Collective, budget: int,
     return out
 
 
-__all__ = ["COLLECTIVES", "MAX_RANKS", "MIN_BYTES", "PROTOCOLS", "SHAPES", "Variant", "applies",
+__all__ = ["COLLECTIVES", "MIN_BYTES", "PROTOCOLS", "SHAPES", "Variant", "applies", "file_steps",
            "label", "variants"]  # fmt: skip

@@ -194,42 +194,93 @@ def _permuted(s: ScheduleArrays, perm: np.ndarray) -> ScheduleArrays:
     lens = np.diff(s.dep_ptr)[perm]
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lens, out=ptr[1:])
-    pos = np.repeat(s.dep_ptr[:-1][perm] - ptr[:-1], lens) + np.arange(ptr[-1], dtype=np.int64)
+    pos = np.repeat(s.dep_ptr[:-1][perm] - ptr[:-1], lens)
+    pos += np.arange(ptr[-1], dtype=np.int64)
+    dep = s.dep_idx[pos]
+    del pos
+    for a in range(0, len(dep), _DEP_BLOCK):  # renumbered in place: no third copy of the deps
+        dep[a : a + _DEP_BLOCK] = inv[dep[a : a + _DEP_BLOCK]]
     tb = None
     if s.tb is not None:
         t = s.tb[perm].reshape(s.nranks, -1)
         tb = np.tile(t[0], s.nranks).astype(s.tb.dtype)
     return replace(s, src=s.src[perm], dst=s.dst[perm], chunk=s.chunk[perm], count=s.count[perm],
                    reduce=s.reduce[perm], channel=s.channel[perm], dep_ptr=ptr,
-                   dep_idx=inv[s.dep_idx[pos]], tb=tb)  # fmt: skip
+                   dep_idx=dep, tb=tb)  # fmt: skip
 
 
-def _quotient_deps(
-    s: ScheduleArrays, rep: np.ndarray, elem: np.ndarray, nrep: int, grp: Translations
-) -> tuple[np.ndarray, np.ndarray] | str:
+# Deps checked at a time by `_quotient_deps`: its temporaries are a few int64 arrays of this
+# many (a 512-rank ring file's two sliced iterations have 15M deps: checked at once, they took
+# its row's peak past 3 GB; docs/synthesis-scale.md, "Session 10: the rail rings within 2 GB").
+_DEP_BLOCK = 1 << 20
+
+
+def _edges(s: ScheduleArrays, first: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """(owner, dep) of transfers first..stop-1's deps, one per distinct pair, sorted."""
+    n, a, b = len(s), int(s.dep_ptr[first]), int(s.dep_ptr[stop])
+    owner = np.repeat(np.arange(first, stop, dtype=np.int64), np.diff(s.dep_ptr[first : stop + 1]))
+    edges = sorted_unique(owner * n + s.dep_idx[a:b])
+    return edges // n, edges % n
+
+
+def _edges_of(s: ScheduleArrays, owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_edges` of the transfers `owners` (ascending) only."""
     n = len(s)
-    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(s.dep_ptr))
-    edges = sorted_unique(owner * n + s.dep_idx)  # one edge per (transfer, dep)
-    owner, dep = edges // n, edges % n
-    # Deps translate iff every transfer's deps, each seen from it as (representative, relative
-    # translation), are those of its representative's untranslated transfer (elem 0). Rows are
-    # compared sorted; the keys are nearly in order already, so the stable sort is cheap.
+    lens = s.dep_ptr[owners + 1] - s.dep_ptr[owners]
+    at = np.repeat(s.dep_ptr[owners] - (np.cumsum(lens) - lens), lens) + np.arange(
+        int(lens.sum()), dtype=np.int64)  # fmt: skip
+    edges = sorted_unique(np.repeat(owners.astype(np.int64), lens) * n + s.dep_idx[at])
+    return edges // n, edges % n
+
+
+def _blocks(dep_ptr: np.ndarray, per: int) -> list[tuple[int, int]]:
+    """Consecutive transfer ranges covering all, each of about `per` deps (at least one)."""
+    n, out, a = len(dep_ptr) - 1, [], 0
+    while a < n:
+        b = int(np.searchsorted(dep_ptr, dep_ptr[a] + per, side="right")) - 1
+        b = min(max(b, a + 1), n)
+        out.append((a, b))
+        a = b
+    return out
+
+
+def _quotient_deps(s: ScheduleArrays, rep: np.ndarray, elem: np.ndarray, nrep: int,
+                   grp: Translations) -> str | None:  # fmt: skip
+    """Why the deps do not translate with the transfers (None: they do). Deps translate iff
+    every transfer's deps, each seen from it as (representative, relative translation), are
+    those of its representative's untranslated transfer (elem 0). Rows are compared sorted;
+    the keys are nearly in order already, so the stable sort is cheap. Checked in blocks of
+    transfers against the untranslated ones' rows, so memory is of a block, not of all deps."""
     base = np.empty(nrep, dtype=np.int64)
     at_zero = np.flatnonzero(elem == 0)
     base[rep[at_zero]] = at_zero
-    ndeps = np.bincount(owner, minlength=n)
-    mirror = base[rep]
-    if not np.array_equal(ndeps, ndeps[mirror]):
-        return "dependencies do not translate with the transfers"
+    mirrors = sorted_unique(base)
     span = nrep * grp.n
-    desc = np.sort(owner * span + rep[dep] * grp.n + grp.sub(elem[dep], elem[owner]),
-                   kind="stable") % span  # fmt: skip
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(ndeps, out=ptr[1:])
-    at_mirror = ptr[mirror[owner]] + np.arange(len(owner), dtype=np.int64) - ptr[owner]
-    if not np.array_equal(desc, desc[at_mirror]):
-        return "dependencies do not translate with the transfers"
-    return owner, dep
+
+    def rows(owner: np.ndarray, dep: np.ndarray, row: np.ndarray,
+             nrows: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        # per row its count, and its descriptors sorted (row-major)
+        desc = np.sort(row * span + rep[dep] * grp.n + grp.sub(elem[dep], elem[owner]),
+                       kind="stable") % span  # fmt: skip
+        return np.bincount(row, minlength=nrows), desc
+
+    owner, dep = _edges_of(s, mirrors)
+    m_count, m_desc = rows(owner, dep, np.searchsorted(mirrors, owner), len(mirrors))
+    m_ptr = np.zeros(len(mirrors) + 1, dtype=np.int64)
+    np.cumsum(m_count, out=m_ptr[1:])
+    mirror_of = np.searchsorted(mirrors, base[rep])  # per transfer: its mirror's row
+    for a, b in _blocks(s.dep_ptr, _DEP_BLOCK):
+        owner, dep = _edges(s, a, b)
+        count, desc = rows(owner, dep, owner - a, b - a)
+        mine = mirror_of[a:b]
+        if not np.array_equal(count, m_count[mine]):
+            return "dependencies do not translate with the transfers"
+        ptr = np.zeros(b - a + 1, dtype=np.int64)
+        np.cumsum(count, out=ptr[1:])
+        at = m_ptr[mine[owner - a]] + np.arange(len(owner), dtype=np.int64) - ptr[owner - a]
+        if not np.array_equal(desc, m_desc[at]):
+            return "dependencies do not translate with the transfers"
+    return None
 
 
 def _generator_map(
@@ -333,10 +384,25 @@ class _Structure:
     rank_class: np.ndarray
 
 
-_CACHE: dict[tuple[int, int], tuple[ScheduleArrays, Router, _Structure | str]] = {}
-# Synthesis evaluates up to ~5 finalists at every size in turn: keep them all. The schedules
-# are held by the caller anyway; an entry adds ~8 bytes per transfer (rep_of).
+_CACHE: dict[tuple[int, int], tuple[ScheduleArrays, Router, _Structure | str, int]] = {}
+# Synthesis evaluates up to ~5 finalists at every size in turn: keep them all, least recently
+# used out first. An entry holds its schedule (a file timed at a size is a new one each time),
+# so entries are bounded by bytes too (the newest is kept whatever its size): a 512-rank ring
+# file's two sliced iterations are ~140 MB (docs/synthesis-scale.md, "Session 10: the rail
+# rings within 2 GB"); a 64-rank schedule's ~1 MB.
 _CACHE_MAX = 8
+CACHE_BYTES = 160 << 20
+
+
+def _held_bytes(*objs: object) -> int:
+    """Bytes of the arrays `objs` (schedules, structures) hold, each array once."""
+    seen: dict[int, int] = {}
+    for obj in objs:
+        for name in getattr(obj, "__slots__", ()) or getattr(obj, "__dataclass_fields__", ()):
+            a = getattr(obj, name, None)
+            if isinstance(a, np.ndarray):
+                seen[id(a)] = a.nbytes
+    return sum(seen.values())
 
 
 def prepare_symmetric(
@@ -344,12 +410,14 @@ def prepare_symmetric(
 ) -> Quotient | str:
     """The quotient of `s` under the fabric's translations, or why it does not apply."""
     key = (id(s), id(router))
-    hit = _CACHE.get(key)
+    hit = _CACHE.pop(key, None)
     if hit is None or hit[0] is not s or hit[1] is not router:
-        if len(_CACHE) >= _CACHE_MAX:
+        st = _structure(s, topo, router)
+        hit = (s, router, st, _held_bytes(s, st))
+        while _CACHE and (len(_CACHE) >= _CACHE_MAX or
+                          sum(h[3] for h in _CACHE.values()) + hit[3] > CACHE_BYTES):  # fmt: skip
             _CACHE.pop(next(iter(_CACHE)))
-        hit = (s, router, _structure(s, topo, router))
-        _CACHE[key] = hit
+    _CACHE[key] = hit  # the most recently used last
     st = hit[2]
     if isinstance(st, str):
         return st
@@ -606,9 +674,9 @@ def _quotient_structure(s: ScheduleArrays, router: Router, grp: Translations, ks
     """The quotient of `s`, transfer i being rep[i]'s image under elem[i] in K (steps `kstep`);
     `tb_sides` as in `_structure_in`."""
     nrep = len(s) // int(np.prod(grp.sizes // kstep))
-    deps = _quotient_deps(s, rep, elem, nrep, grp)
-    if isinstance(deps, str):
-        return deps
+    why = _quotient_deps(s, rep, elem, nrep, grp)
+    if why is not None:
+        return why
     steps, ukeys, off, chans, lat, orbit = _channel_orbits(s, router, grp, kstep)
     h_size = int(np.prod(grp.sizes // steps))
     if h_size == 1:
@@ -621,14 +689,13 @@ def _quotient_structure(s: ScheduleArrays, router: Router, grp: Translations, ks
     ncos = int(np.prod(radix))
     qrep = rep * ncos + coset
     is_rep = np.asarray((ec < steps).all(axis=-1))  # h = 0
-    owner, dep = deps
-    mine = is_rep[owner]
+    owner, dep = _edges_of(s, np.flatnonzero(is_rep))  # the representatives' deps only
     m = nrep * ncos
-    q, inv = np.unique(qrep[owner[mine]] * m + qrep[dep[mine]], return_inverse=True)
+    q, inv = np.unique(qrep[owner] * m + qrep[dep], return_inverse=True)
     q_owner, q_dep = q // m, q % m
     # Images of one dep finish together, so a merged edge pays alpha if any of its own does.
     pays = np.zeros(len(q), dtype=bool)
-    np.logical_or.at(pays, inv, (s.dst[owner] != s.dst[dep])[mine])
+    np.logical_or.at(pays, inv, s.dst[owner] != s.dst[dep])
     dep_ptr = np.zeros(m + 1, dtype=np.int64)
     np.cumsum(np.bincount(q_owner, minlength=m), out=dep_ptr[1:])
 

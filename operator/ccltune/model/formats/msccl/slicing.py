@@ -197,7 +197,7 @@ def structure(rb: ReadBack, sl: Slicing, k: int) -> ScheduleArrays:
         reduce=np.tile(base.reduce, k),
         channel=np.tile(base.channel, k),
         dep_ptr=ptr,
-        dep_idx=dep.astype(np.int64),
+        dep_idx=dep,  # int64 already: not copied
         root=base.root,
         protocol=base.protocol,
         channels=base.channels,
@@ -251,6 +251,12 @@ def _timed(rb: ReadBack) -> Schedule:
     return rb.timed if CHARGE_LOCAL_STEPS and rb.timed is not None else rb.schedule
 
 
+# Deps copied at a time by `_sliced_deps`: its temporaries are a few int64 arrays of this many,
+# not of all the file's (a 512-rank ring file has 7.5M; docs/synthesis-scale.md, "Session 10:
+# the rail rings within 2 GB").
+_DEP_BLOCK = 1 << 20
+
+
 def _sliced_deps(base: ScheduleArrays, prev: np.ndarray, depth: np.ndarray,
                  k: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """dep_ptr and dep_idx of the k-iteration schedule (transfer j*n + i: transfer i of iteration
@@ -260,14 +266,8 @@ def _sliced_deps(base: ScheduleArrays, prev: np.ndarray, depth: np.ndarray,
     iterations back (FIFO room). Those point below j*n and the file's deps at or above it, so
     each transfer's list is the earlier ones sorted, then the file's: no sort over all k*n."""
     n = len(base)
-    own = np.diff(base.dep_ptr)
-    owner0 = np.repeat(np.arange(n, dtype=np.int64), own)
-    key0 = owner0 * n + base.dep_idx
-    if len(key0) > 1 and not (key0[1:] > key0[:-1]).all():  # the reader's are sorted already
-        key0 = np.unique(key0)  # the file's deps, sorted and distinct
-    file_owner, file_dep = key0 // n, key0 % n
-    file_per = np.bincount(file_owner, minlength=n)
-    file_rank = np.arange(len(key0)) - (np.cumsum(file_per) - file_per)[file_owner]
+    file_ptr, file_dep = _distinct_rows(base)
+    file_per = np.diff(file_ptr)
     missing = np.iinfo(np.int64).max
     per_it: list[np.ndarray] = []  # earlier deps per transfer, sorted, `missing`-padded
     for j in range(k):
@@ -289,8 +289,42 @@ def _sliced_deps(base: ScheduleArrays, prev: np.ndarray, depth: np.ndarray,
     for j, (early, m) in enumerate(zip(per_it, kept, strict=True)):
         start = ptr[j * n : (j + 1) * n]
         dep[(start[:, None] + np.arange(3))[m]] = early[m]
-        dep[start[file_owner] + m.sum(axis=1)[file_owner] + file_rank] = file_dep + j * n
+        # each row's file deps, moved to iteration j, go after its earlier ones: one shift a row
+        shift = start + m.sum(axis=1) - file_ptr[:-1]
+        for a, b in _row_blocks(file_ptr, _DEP_BLOCK):
+            lo, hi = int(file_ptr[a]), int(file_ptr[b])
+            at = np.repeat(shift[a:b], file_per[a:b])
+            at += np.arange(lo, hi, dtype=np.int64)
+            dep[at] = file_dep[lo:hi].astype(np.int64, copy=False) + j * n
     return ptr, dep
+
+
+def _distinct_rows(base: ScheduleArrays) -> tuple[np.ndarray, np.ndarray]:
+    """`base`'s deps as CSR with each row ascending and distinct: its own arrays where they are
+    already (the reader's are), else sorted."""
+    n, ptr, dep = len(base), base.dep_ptr, base.dep_idx
+    if len(dep) < 2:
+        return ptr, dep
+    up = dep[1:] > dep[:-1]
+    inner = ptr[1:-1]
+    up[inner[(inner > 0) & (inner < len(dep))] - 1] = True  # a row's first dep starts afresh
+    if up.all():
+        return ptr, dep
+    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+    key = np.unique(owner * n + dep)
+    out = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(key // n, minlength=n), out=out[1:])
+    return out, key % n
+
+
+def _row_blocks(ptr: np.ndarray, per: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges covering all rows, each of about `per` entries (at least a row)."""
+    n, out, a = len(ptr) - 1, [], 0
+    while a < n:
+        b = min(max(int(np.searchsorted(ptr, ptr[a] + per, side="right")) - 1, a + 1), n)
+        out.append((a, b))
+        a = b
+    return out
 
 
 def threadblocks(rb: ReadBack) -> int:

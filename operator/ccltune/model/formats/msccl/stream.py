@@ -75,3 +75,19 @@ def render_lowering(low: MscclLowering, **kw: object) -> str:
     buf = io.StringIO()
     write_lowering(low, buf, **kw)  # type: ignore[arg-type]
     return buf.getvalue()
+
+
+def write_retitled(text: str, out: TextIO, **attrs: object) -> None:
+    """`text` (a rendered file) written to `out` with these `<algo>` attributes replaced: no
+    step depends on them, so this is what rendering the lowering with them would write."""
+    end = text.index(">") + 1
+    head = text[:end]
+    for key, value in attrs.items():
+        at = head.index(f' {key}="') + len(key) + 3
+        head = head[:at] + str(value).translate(_ESCAPES) + head[head.index('"', at) :]
+    out.write(head)
+    for i in range(end, len(text), _WRITE_SLICE):
+        out.write(text[i : i + _WRITE_SLICE])
+
+
+_WRITE_SLICE = 1 << 22  # characters copied at a time: not a second copy of a large file

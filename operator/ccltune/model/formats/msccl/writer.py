@@ -26,8 +26,10 @@ Lowering decisions:
   extra threadblock would cost an SM. Those that wait for a receive run at the end of the
   threadblock with the fewest steps; those that wait for nothing (an out-of-place AllGather's
   or AlltoAll's own chunks) are dealt chunk by chunk over the threadblocks whose side holds the
-  fewest chunks, each before its threadblock's first receive (`_spread_copies`): the read-back
-  charges a copy at its threadblock's rate (slicing.CHARGE_LOCAL_STEPS).
+  fewest chunks, each before its threadblock's first receive, and over copy-only threadblocks
+  (send -1, recv -1) where the SM budget has room (`copy_threadblocks` keeps some from the
+  transfers; `_spread_copies`): the read-back charges a copy at its threadblock's rate
+  (slicing.CHARGE_LOCAL_STEPS), and on one of its own a copy delays no receive.
 - A connection whose threadblock would hold more than the executor's 64 steps is split into
   consecutive parts, each on the same peers on a channel of its own (`lower_msccl`), where
   channels and the SM budget allow; the dependencies stay the same steps'.
@@ -284,10 +286,11 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None,
                 max_steps: int = MAX_STEPS, pairing: str = "forwarding",
                 order: str = "depth",
                 times: tuple[Sequence[float], Sequence[float]] | None = None,
-                ) -> MscclLowering:  # fmt: skip
+                copy_threadblocks: int = 0, proven: bool = False) -> MscclLowering:  # fmt: skip
     """Every rank's threadblocks and steps as the file would hold them (nothing rendered), with
     at most `max_threadblocks` per rank (default: the executor's limit; MscclFormatError when
-    the streams cannot be merged that far).
+    the streams cannot be merged that far). `copy_threadblocks` of them are kept from the
+    transfers for the copies that wait for nothing (`_spread_copies`; needs `max_threadblocks`).
 
     A connection whose threadblock would hold more than `max_steps` steps (nops included) is
     split: its sends, in order, are dealt into consecutive parts, and part j moves at both ends
@@ -298,14 +301,19 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None,
     `pairing`: which streams share a threadblock over the budget (PAIRINGS); `order`: the
     steps' order within a threadblock (ORDERS; `.order` says which one the result has).
     `times` (order "timed" only): per transfer, its start and finish in a simulation of the
-    schedule; times that are no dependency order for the file (`_time_keys`) give "early"."""
+    schedule; times that are no dependency order for the file (`_time_keys`) give "early".
+    `proven`: the caller has lowered this schedule already, so check_schedule passed on it."""
     if pairing not in PAIRINGS:
         raise ValueError(f"pairing {pairing!r} is not one of {', '.join(PAIRINGS)}")
     if order not in ORDERS:
         raise ValueError(f"order {order!r} is not one of {', '.join(ORDERS)}")
     if (order == "timed") != (times is not None):
         raise ValueError('times are given with order "timed", and only then')
-    check_schedule(schedule)
+    if copy_threadblocks and (max_threadblocks is None or times is not None
+                              or not 0 < copy_threadblocks < max_threadblocks):  # fmt: skip
+        raise ValueError("copy_threadblocks: fewer than max_threadblocks, without times")
+    if not proven:
+        check_schedule(schedule)
     # Lowering allocates millions of objects and forms no reference cycles (steps point only
     # at earlier steps), so the cyclic collector only rescans them: paused while it runs.
     paused = gc.isenabled()
@@ -316,9 +324,11 @@ def lower_msccl(schedule: Schedule, *, max_threadblocks: int | None = None,
             if timed is not None:
                 return timed
             order = "early"
-        low = _split_lowering(schedule, max_threadblocks, max_steps, pairing, order)
+        low = _split_lowering(schedule, max_threadblocks, max_steps, pairing, order,
+                              copy_tbs=copy_threadblocks)  # fmt: skip
         if low.order == "early" and _deadlocks(low):
-            low = _split_lowering(schedule, max_threadblocks, max_steps, pairing, "depth")
+            low = _split_lowering(schedule, max_threadblocks, max_steps, pairing, "depth",
+                                  copy_tbs=copy_threadblocks)  # fmt: skip
         return low
     finally:
         if paused:
@@ -389,9 +399,9 @@ def _time_keys(s: Schedule, start: Sequence[float], finish: Sequence[float]) -> 
 
 def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps: int,
                     pairing: str, order: str = "depth",
-                    keys: Times | None = None) -> MscclLowering:  # fmt: skip
+                    keys: Times | None = None, copy_tbs: int = 0) -> MscclLowering:  # fmt: skip
     used = 1 + max((t.channel for t in schedule.transfers), default=0)
-    cap = MAX_THREADBLOCKS if max_threadblocks is None else max_threadblocks
+    cap = (MAX_THREADBLOCKS if max_threadblocks is None else max_threadblocks) - copy_tbs
     parts: dict[tuple[int, int, int], int] = {}
     frames = find_frames(schedule)
     if frames is not None and translates_exactly(schedule, frames):
@@ -400,12 +410,12 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps:
 
         def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
             return _lower_orbit(schedule, max_threadblocks, orbit, parts, used, pairing, order,
-                                keys, max_steps)  # fmt: skip
+                                keys, max_steps, copy_tbs)  # fmt: skip
     else:
 
         def lower(parts: dict[tuple[int, int, int], int]) -> MscclLowering:
             return _lower(schedule, max_threadblocks, parts, used, pairing, order, keys,
-                          max_steps)  # fmt: skip
+                          max_steps, copy_tbs)  # fmt: skip
 
     low = lower(parts)
     for _ in range(SPLIT_ROUNDS):
@@ -417,8 +427,9 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps:
         for (src, dst, chan), k in more.items():
             added[src] += k - parts.get((src, dst, chan), 1)
             added[dst] += k - parts.get((src, dst, chan), 1)
-        if more == parts or any(len(tbs) + a > cap for tbs, a in zip(low.tb_meta, added,
-                                                                        strict=True)):  # fmt: skip
+        # copy-only threadblocks (send and recv -1) take what the split leaves: not counted
+        if more == parts or any(sum(p >= 0 or q >= 0 for p, q, _ in tbs) + a > cap
+                                for tbs, a in zip(low.tb_meta, added, strict=True)):  # fmt: skip
             break  # no channel left, or over the SM budget once split (merging made it overflow)
         parts = more
         try:
@@ -431,7 +442,8 @@ def _split_lowering(schedule: Schedule, max_threadblocks: int | None, max_steps:
 
 def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int, int], int],
            used: int, pairing: str = "forwarding", tb_order: str = "depth",
-           keys: Times | None = None, max_steps: int = MAX_STEPS) -> MscclLowering:  # fmt: skip
+           keys: Times | None = None, max_steps: int = MAX_STEPS,
+           copy_tbs: int = 0) -> MscclLowering:  # fmt: skip
     """`lower_msccl` with the connections (src, dst, chan) in `parts` split in that many."""
     coll = Collective(s.collective)
     lay = _Layout(coll, s.nranks, s.chunks_per_rank, s.root)
@@ -518,7 +530,7 @@ def _lower(s: Schedule, max_threadblocks: int | None, parts: dict[tuple[int, int
 
     fed = _rank_preds(s, steps, steps_of)
     return _assign(s, steps, lay, scratch, max_threadblocks, fed, frames, pairing=pairing,
-                   tb_order=tb_order, max_steps=max_steps)  # fmt: skip
+                   tb_order=tb_order, max_steps=max_steps, copy_tbs=copy_tbs)  # fmt: skip
 
 
 def _step_order(s: Schedule, frames: Frames | None, keys: Times | None = None,
@@ -547,7 +559,8 @@ def _step_order(s: Schedule, frames: Frames | None, keys: Times | None = None,
 def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
                  parts: dict[tuple[int, int, int], int], used: int,
                  pairing: str = "forwarding", tb_order: str = "depth",
-                 keys: Times | None = None, max_steps: int = MAX_STEPS) -> MscclLowering:  # fmt: skip
+                 keys: Times | None = None, max_steps: int = MAX_STEPS,
+                 copy_tbs: int = 0) -> MscclLowering:  # fmt: skip
     """`_lower` of a schedule every frame map sends to itself (frames.translates_exactly):
     rank 0's steps only, then every rank's as rank 0's translated. Each orbit has one send
     (src 0) and one receive (dst 0) on rank 0, with the same key; the receive of rank 0's
@@ -635,7 +648,7 @@ def _lower_orbit(s: Schedule, max_threadblocks: int | None, frames: Frames,
 
     fed = _rank_preds(s, steps, steps_of, [0])
     one = _assign(s, steps, lay, [scratch], max_threadblocks, fed, frames, [0], pairing, tb_order,
-                  max_steps)  # fmt: skip
+                  max_steps, copy_tbs)  # fmt: skip
     return moved.lowering(one, scratch)
 
 
@@ -1071,18 +1084,24 @@ Item = tuple[str, "_Step | None", "_Step | None"]  # ("nop"|"step", the step, it
 
 
 def _spread_copies(free: list[_Step], items: dict[int, list[Item]],
-                   tb_list: list[tuple[int, int, int]], max_steps: int) -> None:  # fmt: skip
+                   tb_list: list[tuple[int, int, int]], max_steps: int,
+                   spare: int = 0) -> None:  # fmt: skip
     """Deal a rank's free copies (FREE_COPY: they wait for nothing, nothing waits for them)
-    over its threadblocks with room under `max_steps`, each chunk to the one whose side
+    over its threadblocks with room under `max_steps` and up to `spare` new copy-only ones
+    (send -1, recv -1: the SM budget's unused threadblocks), each chunk to the one whose side
     (`_side_load`) would then hold the fewest chunks, consecutive chunks per threadblock; each
     where its threadblock would first wait, after its leading sends (`_copy_slot`). Why: a copy
     runs on its threadblock, at its rate; one copy of a GPU's own chunks on one threadblock took
     mi300x-8 AllGather at 64 MiB from 190.0 to 941.8 us, dealt 211.5 (docs/synthesis.md
-    "Session 9: local steps charged"). A piece joins no two of the original runs
-    (`_copy_runs`), so it stays within one translation block and is one step per run."""
+    "Session 9: local steps charged"). On a threadblock of its own a copy delays no receive,
+    hence no peer's send (docs/synthesis.md "Session 10: the copy on threadblocks of its own").
+    A piece joins no two of the original runs (`_copy_runs`), so it stays within one
+    translation block and is one step per run."""
     chunks = [(st, m) for st in free for m in range(st.cnt)]
-    load = [_side_load(items.get(tb, []), tb_list[tb][1] >= 0) for tb in range(len(tb_list))]
-    order = sorted(range(len(tb_list)), key=lambda tb: (load[tb], tb))
+    talking = len(tb_list)
+    load = [_side_load(items.get(tb, []), tb_list[tb][1] >= 0) for tb in range(talking)]
+    load += [0] * max(0, min(spare, len(chunks)))  # candidates: only those given chunks are made
+    order = sorted(range(len(load)), key=lambda tb: (load[tb], tb))
     # a piece is a step per original run it spans: room for every run keeps `max_steps`
     room = [tb for tb in order if len(items.get(tb, [])) + len(free) <= max_steps]
     if not room:  # as before: the least loaded threadblock, over the limit if it must be
@@ -1101,6 +1120,9 @@ def _spread_copies(free: list[_Step], items: dict[int, list[Item]],
             continue
         part = chunks[start:start + give[tb]]
         start += give[tb]
+        if tb >= talking:  # a new copy-only threadblock, numbered after the last one made
+            tb_list.append((-1, -1, 0))
+            tb = len(tb_list) - 1
         runs = [(st, [m for _, m in group])
                 for st, group in itertools.groupby(part, key=lambda x: x[0])]  # fmt: skip
         lst = items.setdefault(tb, [])
@@ -1252,14 +1274,17 @@ class MscclLowering:
 def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[int, int]],
             budget: int | None, fed: list[Fed], frames: Frames | None = None,
             ranks: list[int] | None = None, pairing: str = "forwarding",
-            tb_order: str = "depth", max_steps: int = MAX_STEPS) -> MscclLowering:  # fmt: skip
+            tb_order: str = "depth", max_steps: int = MAX_STEPS,
+            copy_tbs: int = 0) -> MscclLowering:  # fmt: skip
     """Threadblocks per rank, each one's steps in order with the nops its dependencies need
-    (`ranks`: only these, holding all of `steps`, and `fed` in their order)."""
+    (`ranks`: only these, holding all of `steps`, and `fed` in their order); the transfers'
+    within `budget` less `copy_tbs`, the rest of `budget` open to the free copies."""
     ranks = list(range(s.nranks)) if ranks is None else ranks
     by_rank: dict[int, list[_Step]] = {r: [] for r in ranks}
     for st in steps:
         by_rank[st.rank].append(st)
-    placed = {r: _threadblocks(by_rank[r], r, budget, fed[i], frames, pairing)
+    talk = None if budget is None else budget - copy_tbs
+    placed = {r: _threadblocks(by_rank[r], r, talk, fed[i], frames, pairing)
               for i, r in enumerate(ranks)}  # fmt: skip
     draining = {(r, ("recv", q, c)) for r, (_, tbs) in placed.items() for p, q, c in tbs
                 if p < 0 and q >= 0}  # fmt: skip
@@ -1311,7 +1336,8 @@ def _assign(s: Schedule, steps: list[_Step], lay: _Layout, scratch: list[dict[in
                     items[tb].append(("nop", None, p))
                 items[tb].append(("step", st, deps[-1] if deps else None))
         if free[r]:
-            _spread_copies(free[r], items, tb_list, max_steps)
+            spare = 0 if budget is None else budget - len(tb_list)
+            _spread_copies(free[r], items, tb_list, max_steps, spare)
     # Final indices count the nops.
     for items in items_of:
         for lst in items.values():
