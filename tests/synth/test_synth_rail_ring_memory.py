@@ -13,7 +13,7 @@ from synth_helpers import make_cluster
 
 from ccltune.model import evaluate
 from ccltune.model.formats.msccl import rail_ring_reduce as lowering
-from ccltune.model.formats.msccl import slicing
+from ccltune.model.formats.msccl import reader, slicing
 from ccltune.model.formats.msccl.rail_ring import rail_ring_allgather
 from ccltune.model.formats.msccl.stream import render_lowering
 from ccltune.model.formats.msccl.writer import MscclFormatError
@@ -88,6 +88,7 @@ def test_the_symmetric_cache_holds_at_most_its_bytes(monkeypatch: pytest.MonkeyP
     router = Router(clus)
     bound = 200_000
     monkeypatch.setattr(symmetric_sim, "CACHE_BYTES", bound)
+    monkeypatch.setattr(evaluate, "forget", lambda s: None)  # the published path keeps none
     symmetric_sim._CACHE.clear()
     counts = []
     for size in (1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28, 1 << 30):
@@ -99,6 +100,53 @@ def test_the_symmetric_cache_holds_at_most_its_bytes(monkeypatch: pytest.MonkeyP
     for s, _, st, nbytes in symmetric_sim._CACHE.values():
         assert nbytes == symmetric_sim._held_bytes(s, st) > 0
     symmetric_sim._CACHE.clear()
+
+
+def test_a_published_files_quotients_are_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A published file timed at a size is a new schedule each call, never asked for again:
+    its quotient is dropped once timed (the cache held ~150 MB of them on rail-512), and the
+    times are the same as with it kept."""
+    _, low = rail_ring_allgather(4, 4, "t", 16)
+    text = render_lowering(low, name="t", proto="Simple", nchannels=1)
+    clus = make_cluster(4, 4)
+    router = Router(clus)
+    sizes = (1 << 20, 1 << 26, 1 << 30)
+    symmetric_sim._CACHE.clear()
+    got = [evaluate.published_estimate("allgather", n, clus, text, router=router).time_us
+           for n in sizes]  # fmt: skip
+    assert not symmetric_sim._CACHE
+    monkeypatch.setattr(evaluate, "forget", lambda s: None)
+    kept = [evaluate.published_estimate("allgather", n, clus, text, router=router).time_us
+            for n in sizes]  # fmt: skip
+    assert symmetric_sim._CACHE and got == kept
+    symmetric_sim._CACHE.clear()
+
+
+def test_the_reader_keeps_a_large_program_until_another_file_is_read() -> None:
+    """A large file's parsed program serves its other protocols, then goes when another file
+    is read (154 MB for the 512-GPU ring); small files' stay. Read-backs are the same as read
+    afresh."""
+    _, low = rail_ring_allgather(4, 4, "t", 16)
+    large = {p: render_lowering(low, name="t", proto=p, nchannels=1) for p in ("Simple", "LL128")}
+    _, low = rail_ring_allgather(2, 2, "s", 16)
+    small = render_lowering(low, name="s", proto="Simple", nchannels=1)
+
+    def kept_large() -> list[bool]:
+        return sorted(len(r.prog.steps) > 100 for r in reader._READS.values())
+
+    with pytest.MonkeyPatch.context() as mp:  # above 2 x 2's steps, below 4 x 4's
+        mp.setattr(reader, "_LARGE_STEPS", 100)
+        reader._READS.clear()
+        fresh = reader.read_msccl(large["LL128"]).schedule.transfers
+        reader._READS.clear()
+        reader.read_msccl(small)
+        reader.read_msccl(large["Simple"])
+        assert kept_large() == [False, True]
+        again = reader.read_msccl(large["LL128"])  # from the kept program
+        assert again.schedule.transfers == fresh and kept_large() == [False, True]
+        reader.read_msccl(small)
+        assert kept_large() == [False]
+    reader._READS.clear()
 
 
 @pytest.mark.parametrize(("servers", "gpus"), [(4, 8), (8, 8), (3, 4)])

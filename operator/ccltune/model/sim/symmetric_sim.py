@@ -405,6 +405,13 @@ def _held_bytes(*objs: object) -> int:
     return sum(seen.values())
 
 
+def forget(s: ScheduleArrays) -> None:
+    """Drop `s`'s quotients: for a schedule made for one timing (a published file's at a size),
+    never asked for again, which the cache would otherwise hold up to CACHE_BYTES."""
+    for key in [k for k, h in _CACHE.items() if h[0] is s]:
+        del _CACHE[key]
+
+
 def prepare_symmetric(
     s: ScheduleArrays, topo: ClusterTopology, router: Router, protocol: ProtocolCost
 ) -> Quotient | str:

@@ -104,6 +104,10 @@ class _Read:
 # holds a digest of the text after the head, not a copy of it (58 MB for a 500k-step file).
 _READS: dict[tuple[str, int, bytes], _Read] = {}
 _READS_MAX = 4
+# A program of more steps (a 512-rank ring file's ~0.5M: 154 MB) is kept only until another
+# file is read; smaller ones stay, as a re-read of a protocol costs a full read
+# (docs/synthesis-scale.md, "Session 10: the rail rings within 2 GB").
+_LARGE_STEPS = 400_000
 _PROTO_ATTR = re.compile(r'\sproto="([^"]*)"')
 _DIGEST_SLICE = 1 << 20  # characters encoded at a time
 
@@ -120,6 +124,8 @@ def read_msccl(text: str) -> ReadBack:
     """Read, run and prove an MSCCL algorithm, keeping each transfer's threadblocks."""
     head = text[: text.find(">") + 1]
     key = _key(text, head)
+    for other in [k for k, r in _READS.items() if k != key and len(r.prog.steps) > _LARGE_STEPS]:
+        del _READS[other]
     again = _same_but_protocol(_READS.get(key), head)
     if again is not None:
         return again
