@@ -259,9 +259,8 @@ def _ring_variants(topo: ClusterTopology, group: GroupTopo, coll: Collective,
     64 MiB against NCCL's ring's 1,339.7, simulated)."""
     if len({group.capacity(*lk) for lk in group.links()}) < 2:
         return []
-    phys = gpu_physics(topo.gpu_model)
-    lane = group.bandwidth_gbps * (phys.nvlink_efficiency if phys else 1.0)
-    found = mesh_rings.rings(group, budget, lane, phys.tb("Simple") if phys else math.inf)
+    lane, tb = _lane_and_tb_gbps(topo, group)
+    found = mesh_rings.rings(group, budget, lane, tb)
     if not found:
         return []
     per, depth = budget // len(found), mesh_rings.depth_for(group.size)
@@ -452,14 +451,20 @@ def _topological(deps: list[set[int]]) -> list[int]:
 Route = list[int]  # GPUs from the sender to the receiver
 
 
+def _lane_and_tb_gbps(topo: ClusterTopology, group: GroupTopo) -> tuple[float, float]:
+    """GB/s of one NVLink lane at the SM-copy rate, and of one threadblock (Simple)."""
+    phys = gpu_physics(topo.gpu_model)
+    if phys is None:
+        return group.bandwidth_gbps, math.inf
+    return group.bandwidth_gbps * phys.nvlink_efficiency, phys.tb("Simple")
+
+
 def connection_caps(topo: ClusterTopology, group: GroupTopo,
                     chans: dict[Pair, int]) -> dict[Pair, float]:  # fmt: skip
     """Per directed link, the GB/s its connections can move: its lanes at the SM-copy rate, or
     its channels' threadblocks (Simple) where they move less. A cube-mesh 2-lane pair on 2
     channels moves 25 GB/s, not 40: its spare lanes carry no relay its threadblocks cannot."""
-    phys = gpu_physics(topo.gpu_model)
-    lane = group.bandwidth_gbps * (phys.nvlink_efficiency if phys else 1.0)
-    tb = phys.tb("Simple") if phys else math.inf
+    lane, tb = _lane_and_tb_gbps(topo, group)
     return {(u, v): min(group.capacity(u, v) * lane, chans.get((u, v), 0) * tb)
             for u, v in group.links()}  # fmt: skip
 
