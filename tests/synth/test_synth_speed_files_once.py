@@ -5,6 +5,7 @@ cuts")."""
 from __future__ import annotations
 
 import html
+import math
 import re
 from collections import Counter
 from typing import Any
@@ -31,12 +32,12 @@ def _timed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, int]]:
     real = engine.file_time
 
     def spy(coll: Collective, size: int, topo: ClusterTopology, router: Router,
-            text: str) -> float | str:  # fmt: skip
+            text: str, give_up_at: float = math.inf) -> float | str:  # fmt: skip
         name = re.search(r' name="([^"]*)"', text)
         proto = re.search(r' proto="([^"]*)"', text)
         assert name and proto
         seen.append((html.unescape(name[1]), proto[1], size))
-        return real(coll, size, topo, router, text)
+        return real(coll, size, topo, router, text, give_up_at)
 
     monkeypatch.setattr(engine, "file_time", spy)
     return seen

@@ -8,6 +8,7 @@ favourable protocol, which bounds every choice.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import fields, replace
@@ -22,7 +23,7 @@ from .cost.bounds import lower_bound
 from .cost.busbw import algbw_gbps, busbw_gbps
 from .cost.gpu import gpu_physics
 from .cost.protocols import PROTOCOLS, protocol_cost
-from .formats.msccl.reader import ReadBack, read_msccl
+from .formats.msccl.reader import ReadBack, file_key, read_msccl
 from .formats.msccl.slicing import (
     SLICE_BYTES,
     Slicing,
@@ -131,22 +132,25 @@ class _Cached(Generic[V]):
     """`fn`'s results for the arguments last asked, least recently used out first: at most
     `entries` of them and `max_bytes` as `size` counts them (the newest is kept whatever its
     size). Bounded by bytes because one 512-rank file's entries are 10^3 times a small file's
-    (docs/synthesis-scale.md, "Session 10: the rail rings within 2 GB")."""
+    (docs/synthesis-scale.md, "Session 10: the rail rings within 2 GB"). Keyed by the first
+    `keyed` arguments (all: None); the rest are not held."""
 
     def __init__(self, fn: Callable[..., V], size: Callable[[V], int], entries: int,
-                 max_bytes: int) -> None:  # fmt: skip
+                 max_bytes: int, keyed: int | None = None) -> None:  # fmt: skip
         self._fn, self._size, self.entries, self.max_bytes = fn, size, entries, max_bytes
+        self._keyed = keyed
         self._held: OrderedDict[tuple[object, ...], tuple[V, int]] = OrderedDict()
         self.held_bytes = 0
 
     def __call__(self, *args: object) -> V:
-        hit = self._held.get(args)
+        key = args[: self._keyed]
+        hit = self._held.get(key)
         if hit is not None:
-            self._held.move_to_end(args)
+            self._held.move_to_end(key)
             return hit[0]
         value = self._fn(*args)
-        self._held[args] = (value, self._size(value))
-        self.held_bytes += self._held[args][1]
+        self._held[key] = (value, self._size(value))
+        self.held_bytes += self._held[key][1]
         while len(self._held) > 1 and (len(self._held) > self.entries
                                        or self.held_bytes > self.max_bytes):  # fmt: skip
             self.held_bytes -= self._held.popitem(last=False)[1][1]
@@ -176,28 +180,36 @@ def _fields_of(obj: object) -> list[object]:
     return [getattr(obj, f.name) for f in fields(obj)]  # type: ignore[arg-type]
 
 
-# Read-backs by file text (a file is timed at many sizes and protocols: reading it is most of
-# its cost) and their sliced structures by (text, protocol, max_allowed_count, k).
-_read_back = _Cached(read_msccl, _read_back_bytes, entries=64, max_bytes=READ_BACK_BYTES)
+# Read-backs by file (a file is timed at many sizes and protocols: reading it is most of its
+# cost) and their sliced structures by (file, protocol, max_allowed_count, k). The file is named
+# by `file_key`, not its text: the engine passes a new copy of a text for each protocol but its
+# own, and a key held one copy per entry (rail-512 ReduceScatter: ~5 of its ring's 58 MB;
+# docs/synthesis-scale.md, "Session 11: the rail-512 rings").
+_read_back = _Cached(lambda key, text: read_msccl(text, key), _read_back_bytes, entries=64,
+                     max_bytes=READ_BACK_BYTES, keyed=1)  # fmt: skip
 
 
-def _sliced_structure(xml_text: str, protocol: str, max_allowed_count: int,
-                      k: int) -> ScheduleArrays:  # fmt: skip
+def _sliced_structure(key: tuple[str, int, bytes], protocol: str, max_allowed_count: int, k: int,
+                      xml_text: str) -> ScheduleArrays:  # fmt: skip
     # what a size changes beyond the bytes (slicing.structure); the bytes are set per call
     sl = Slicing(protocol, 0.0, SLICE_BYTES[protocol], k, 0.0, max_allowed_count)
-    return structure(_read_back(xml_text), sl, k)
+    return structure(_read_back(key, xml_text), sl, k)
 
 
-_structure = _Cached(_sliced_structure, _arrays_bytes, entries=16, max_bytes=STRUCTURE_BYTES)
+_structure = _Cached(_sliced_structure, _arrays_bytes, entries=16, max_bytes=STRUCTURE_BYTES,
+                     keyed=4)  # fmt: skip
 
 
 def published_estimate(collective: Collective | str, size_bytes: int, topo: ClusterTopology,
                        xml_text: str, choice: Choice | None = None,
-                       *, router: Router | None = None) -> Estimate:  # fmt: skip
+                       *, router: Router | None = None,
+                       give_up_at: float = math.inf) -> Estimate:  # fmt: skip
     """An MSCCL file as published, read back and run as the executor runs it: its threadblocks
     run their steps in order, once per slice of every chunk (formats/msccl/slicing.py), which
-    the synthesis engine's schedule does not charge."""
-    rb = _read_back(xml_text)
+    the synthesis engine's schedule does not charge. `give_up_at`: raise Slower (sim/simulate)
+    once the time is known to be at least that."""
+    key = file_key(xml_text)
+    rb = _read_back(key, xml_text)
     sl = slicing(rb.schedule.protocol, size_bytes, rb.chunks_per_loop, collective)
     # The executor's kernels run on the GPU's threadblocks like NCCL's (cost/gpu.py); its launch
     # is charged as NCCL's ring kernel's (baseLat): MSCCL has no latency table of its own.
@@ -209,10 +221,14 @@ def published_estimate(collective: Collective | str, size_bytes: int, topo: Clus
     runs = replace(cost, floor_us=0.0)
     times = []
     for k in ks:
-        shape = _structure(xml_text, sl.protocol, sl.max_allowed_count, k)
+        shape = _structure(key, sl.protocol, sl.max_allowed_count, k, xml_text)
         arrays = with_slices(shape, rb, sl)
-        res = simulate(arrays, topo, unit_size(arrays), runs, router, engine="symmetric")
-        forget(arrays)  # a new schedule each call: its quotient is never asked for again
+        try:
+            # The first run only: the time is at least its (extrapolate's slope is >= 0).
+            res = simulate(arrays, topo, unit_size(arrays), runs, router, engine="symmetric",
+                           give_up_at=give_up_at if k == ks[0] else math.inf)  # fmt: skip
+        finally:
+            forget(arrays)  # a new schedule each call: its quotient is never asked for again
         times.append(res.time_us)
     t = max(extrapolate(tuple(times), ks, sl.iterations), cost.floor_us)
     return timed(collective, size_bytes, topo, t, choice)

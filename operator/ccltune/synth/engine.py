@@ -46,7 +46,7 @@ from ..model.nccl.default import default_estimate, nccl_default, nccl_graph
 from ..model.schedule.ir import Schedule, ScheduleArrays
 from ..model.sim.routing import Router
 from ..model.sim.simulate import simulate
-from . import DEFAULT_WORK_BUDGET, mesh, side, timed
+from . import DEFAULT_WORK_BUDGET, mesh, side, tier_ring, timed
 from . import alltoall as a2a
 from . import assemble as asm
 from . import rail_ring as rings
@@ -54,7 +54,7 @@ from . import rail_ring_reduce as rrr
 from . import reduce_bundled as rb
 from . import reduce_small as rsm
 from .combine import Candidate, candidates, port_payload_gbps
-from .grid import FILE_FINALISTS, as_protocol, evaluation_order, file_time
+from .grid import FILE_FINALISTS, AtLeast, as_protocol, evaluation_order, file_time
 from .milp import SubSchedule
 from .shard import solve_all
 from .sketch import SearchStats, Sketch, search
@@ -497,7 +497,9 @@ def synthesize(
     # Rail-ring ReduceScatter/AllReduce (rail_ring_reduce.py): built as files, not searched;
     # timed as files at grid sizes from rrr.MIN_BYTES (between them, where one won a neighbour).
     rail_reduces: list[str] = []
-    for v in rrr.variants(dims, coll, budget, _schedule_name(coll, "rail-ring")):
+    # Tier rings (tier_ring.py): the same, where the outer dimensions together are the rail.
+    for v in [*rrr.variants(dims, coll, budget, _schedule_name(coll, "rail-ring")),
+              *tier_ring.variants(dims, coll, budget, _schedule_name(coll, "tier-ring"))]:
         clock.spend(len(v.arrays))
         arr_of[v.label], lowered[v.label], verdict[v.label] = v.arrays, v.lowering, True
         sel_from[v.label] = first_selected(coll, topo.world_size, _chunks_per_loop(v.arrays), 1)
@@ -539,29 +541,32 @@ def synthesize(
     # per ask, so the budget cuts where it did.
     file_times: dict[tuple[str, str, int], float | str] = {}
 
-    def file_us(label: str, proto: str, size: int) -> float:
+    def file_us(label: str, proto: str, size: int, beat: tuple[float, str, str] | None) -> float:
         """The variant's file with `proto`, read back and simulated as published (inf: the
-        executor would deadlock on it)."""
+        executor would deadlock on it). Where `beat` (the best file so far) is given, a lower
+        bound (grid.AtLeast) once the time is known to be no less than beat's: the caller keeps
+        only a faster file, so nothing it picks changes."""
         clock.spend(_file_work(coll, arr_of[label], proto, size))
-        if (label, proto, size) in file_times:
-            got = file_times[(label, proto, size)]
-        elif apart is not None and apart.handles(label, proto):
-            got = apart.time(label, proto, size)
-        else:
-            if label not in files:
-                low = lowered.get(label) or lower_msccl(as_schedule(arr_of[label]),
-                                                        max_threadblocks=budget, order="early")  # fmt: skip
-                files[label] = render_lowering(low, name=label, proto=proto,
-                                               nchannels=arr_of[label].channels)  # fmt: skip
-                if label in lowered and _fits(low, budget):
-                    rendered[label] = RenderedFile(files[label], low.threadblocks, low.tb_meta)
-                    del lowered[label]  # a side process forked earlier keeps its own copy
-                del low  # not held while the file is timed
-            text = files[label]
-            got = file_time(coll, size, topo, router,
-                            text if f' proto="{proto}"' in text[:text.index(">")]
-                            else as_protocol(text, proto))  # fmt: skip
-        file_times[(label, proto, size)] = got
+        limit = math.inf if beat is None else beat[0]
+        got = file_times.get((label, proto, size))
+        if got is None or (isinstance(got, AtLeast) and got < limit):
+            if apart is not None and apart.handles(label, proto):
+                got = apart.time(label, proto, size)
+            else:
+                if label not in files:
+                    low = lowered.get(label) or lower_msccl(as_schedule(arr_of[label]),
+                                                            max_threadblocks=budget, order="early")  # fmt: skip
+                    files[label] = render_lowering(low, name=label, proto=proto,
+                                                   nchannels=arr_of[label].channels)  # fmt: skip
+                    if label in lowered and _fits(low, budget):
+                        rendered[label] = RenderedFile(files[label], low.threadblocks, low.tb_meta)
+                        del lowered[label]  # a side process forked earlier keeps its own copy
+                    del low  # not held while the file is timed
+                text = files[label]
+                got = file_time(coll, size, topo, router,
+                                text if f' proto="{proto}"' in text[:text.index(">")]
+                                else as_protocol(text, proto), limit)  # fmt: skip
+            file_times[(label, proto, size)] = got
         if isinstance(got, str):
             dropped.append(f"{label}/{proto}: {got}")
             return math.inf
@@ -685,7 +690,13 @@ def synthesize(
                 # the time reported is the file's.
                 best = None
                 for lb, pr in sorted(won):
-                    f = file_us(lb, pr, s)
+                    f = file_us(lb, pr, s, best)
+                    if not math.isinf(f) and (best is None or f < best[0]):
+                        best = (f, lb, pr)
+        if edge and i not in grid:  # next to NCCL's or a ring's win: the other end's file too
+            for lb, pr in sorted({(picks[j].chosen, picks[j].protocol) for j in (lo, hi)}):
+                if lb in arr_of and lb not in rail_reduces and runs_at((lb, arr_of[lb])):
+                    f = file_us(lb, pr, s, best)
                     if not math.isinf(f) and (best is None or f < best[0]):
                         best = (f, lb, pr)
         timed_here = FILE_FINALISTS if i in grid else 1
@@ -697,7 +708,7 @@ def synthesize(
                 slower = slower or a2a.slower_reason(name, pr, t / default.time_us)
                 break
             for lb in pairings(name):
-                f = file_us(lb, pr, s)
+                f = file_us(lb, pr, s, best)
                 if not math.isinf(f) and (best is None or f < best[0]):
                     best = (f, lb, pr)
         # The lean AllReduce's files where its schedule beats NCCL's default: every lean variant
@@ -714,7 +725,7 @@ def synthesize(
                 # without time-ordered twins: with them (timed.ALSO_EARLY False) the files
                 # timed would be those twins, which cost ~2x the CPU at 512 GPUs
                 for lb in pairings(name, in_time_order=False):
-                    f = file_us(lb, pr, s)
+                    f = file_us(lb, pr, s, best)
                     if not math.isinf(f) and (best is None or f < best[0]):
                         best = (f, lb, pr)
         # Rail rings: every one at grid sizes, between them those that won at either end; none
@@ -723,12 +734,12 @@ def synthesize(
         for name in ringed if edge else [lb for lb in ringed if lb in (winners.get(lo), winners.get(hi))]:
             for pr in _protocols(s) if runs_at((name, arr_of[name])) else ():
                 if best is None or run(arr_of[name], s, pr) < RING_SLACK * best[0]:
-                    f = file_us(name, pr, s)
+                    f = file_us(name, pr, s, best)
                     if not math.isinf(f) and (best is None or f < best[0]):
                         best = (f, name, pr)
         for name in rail_reduces if edge and s >= rrr.MIN_BYTES else []:
             for pr in (x for x in _protocols(s) if x in rrr.PROTOCOLS):
-                f = file_us(name, pr, s) if runs_at((name, arr_of[name])) else math.inf
+                f = file_us(name, pr, s, best) if runs_at((name, arr_of[name])) else math.inf
                 if not math.isinf(f) and (best is None or f < best[0]):
                     best = (f, name, pr)
         if apart is not None:

@@ -3,11 +3,14 @@ engine (engine.py), its side process (side.py) and the single-server meshes (mes
 
 from __future__ import annotations
 
+import math
+
 from ..api.cluster import ClusterTopology
 from ..api.common import Collective
 from ..model.evaluate import published_estimate
 from ..model.formats.msccl.writer import MscclFormatError
 from ..model.sim.routing import Router
+from ..model.sim.simulate import Slower
 
 GRID = 4  # every GRID-th size (and the last) tries every finalist; sizes between, their winners
 FILE_FINALISTS = 2  # per grid size, the best (variant, protocol)s by schedule timed as files
@@ -28,11 +31,19 @@ def as_protocol(text: str, proto: str) -> str:
     return text[:at] + proto + text[text.index('"', at) :]
 
 
+class AtLeast(float):
+    """A file's time known only to be at least this (`file_time`'s `give_up_at`)."""
+
+
 def file_time(coll: Collective, size: int, topo: ClusterTopology, router: Router,
-              text: str) -> float | str:  # fmt: skip
+              text: str, give_up_at: float = math.inf) -> float | str:  # fmt: skip
     """The file `text` read back and timed as published at `size` (us); or why the executor
-    cannot run it (MscclFormatError's message)."""
+    cannot run it (MscclFormatError's message). Once its time is known to be at least
+    `give_up_at` (a caller that keeps only a faster file), that bound, as AtLeast."""
     try:
-        return published_estimate(coll, size, topo, text, router=router).time_us
+        return published_estimate(coll, size, topo, text, router=router,
+                                  give_up_at=give_up_at).time_us  # fmt: skip
     except MscclFormatError as exc:
         return str(exc)
+    except Slower as slower:
+        return AtLeast(slower.bound_us)

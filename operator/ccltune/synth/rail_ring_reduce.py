@@ -14,7 +14,7 @@ from ..model.formats.msccl import rail_ring_reduce as lowering
 from ..model.formats.msccl.limits import MAX_STEPS
 from ..model.formats.msccl.writer import MscclFormatError, MscclLowering
 from ..model.schedule.ir import ScheduleArrays
-from .rail_ring import MAX_FILE_STEPS
+from .rail_ring import max_file_steps
 
 COLLECTIVES = (Collective.REDUCESCATTER, Collective.ALLREDUCE)
 # (pieces, rings, paired) tried, best first by their files on h800-rail-64 (simulated, 64 MiB
@@ -22,17 +22,27 @@ COLLECTIVES = (Collective.REDUCESCATTER, Collective.ALLREDUCE)
 # rings, then p2 on 2 rings (AllReduce 4-32 MiB: 181.6 / 270.9 / 438.2 us against p4's 312.4 /
 # 380.6 / 473.4; p1 never won on rail-64); one piece on one ring is what 64 servers' 64 steps
 # leave (h800-rail-512). docs/synthesis.md, "Session 10: rail AllReduce".
+# ReduceScatter: (pieces, rings, paired, taper). First p4r4 paired with the server reducing in
+# the tapered order (formats/msccl/rail_ring_reduce.py `_tapered`; its files on rail-64, Simple:
+# 64 MiB 405.4 against the Latin square's 422.8 us, 1 GiB 6,169.5 against 6,215.5, within 0.2
+# us of it below 32 MiB), then the Latin square (on dgx-h100-2 the taper is slower from 64
+# MiB: 413.1 against 402.3 us), then SHAPES' others where those do not fit
+# (p4r2 never beat p4r4 paired on rail-64: 1 MiB 152.5 against 96.1). AllReduce keeps the Latin
+# square (the taper's p4r2 at 64 MiB: 863.2 against 745.8). docs/synthesis.md, "Session 11:
+# rail-64 ReduceScatter".
 SHAPES = ((4, 4, True), (4, 2, False), (2, 2, False), (1, 1, False))
+RS_SHAPES = ((4, 4, True, True), (4, 4, True, False), (4, 2, False, False), (2, 2, False, False),
+             (1, 1, False, False))  # fmt: skip
 # Smallest size its files are timed at: below, each of the S-1 ring hops in sequence pays a
 # network step (rail-64 ReduceScatter at 1 MiB: 84.5 us, NCCL 121.8; the lean and search
 # variants are the latency-lean ones).
 MIN_BYTES = 1 << 20
 PROTOCOLS = ("Simple", "LL128")
 MAX_VARIANTS = 2  # files timed per size: each 512-rank read-back costs ~15 s CPU
-# Files offered up to rail_ring.MAX_FILE_STEPS steps (`file_steps`). h800-rail-512
+# Files offered up to rail_ring.max_file_steps(coll) steps (`file_steps`). h800-rail-512
 # ReduceScatter's ring file wins (31.5% of the budget bound at >= 64 MiB against 16.8%, 3.64x
-# NCCL at 1 GiB, simulated), but with it the row reached 2,556 MB peak RSS, 2,097 after session
-# 10's cuts (issue 18's target: < 2 GB): not offered there (docs/synthesis-scale.md, "Session 10: the rail rings within 2 GB").
+# NCCL at 1 GiB, simulated) and is offered since its row measured 1,569 MB peak RSS (2,032 before
+# session 11; docs/synthesis-scale.md, "Session 11: the rail-512 rings").
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +58,9 @@ def applies(dims: list[Dimension], coll: Collective) -> bool:
         dims[0].size >= 2 and dims[1].size >= 2  # fmt: skip
 
 
-def label(pieces: int, rings: int, paired: bool) -> str:
-    return f"rail-ring/p{pieces}r{rings}" + ("/paired" if paired else "")
+def label(pieces: int, rings: int, paired: bool, taper: bool = False) -> str:
+    return f"rail-ring/p{pieces}r{rings}" + ("/paired" if paired else "") + \
+        ("/taper" if taper else "")  # fmt: skip
 
 
 def file_steps(coll: Collective, servers: int, gpus: int, pieces: int) -> int:
@@ -69,21 +80,24 @@ def variants(dims: list[Dimension], coll: Collective, budget: int,
         return []
     gpus, servers = dims[0].size, dims[1].size
     out: list[Variant] = []
-    for pieces, rings, paired in SHAPES:
+    shapes = RS_SHAPES if coll == Collective.REDUCESCATTER else \
+        tuple((*shape, False) for shape in SHAPES)  # fmt: skip
+    for pieces, rings, paired, taper in shapes:
         tbs = rings + (gpus - 1) * (1 if paired else 2)
         steps = servers * pieces * (2 if coll == Collective.ALLREDUCE else 1) * (2 if paired else 1)
         if tbs > budget or steps > MAX_STEPS or len(out) == MAX_VARIANTS:
             continue
-        if file_steps(coll, servers, gpus, pieces) > MAX_FILE_STEPS:
+        if file_steps(coll, servers, gpus, pieces) > max_file_steps(coll):
             continue
-        lb = label(pieces, rings, paired)
+        lb = label(pieces, rings, paired, taper)
         try:
-            arr, low = lowering.lower(coll, servers, gpus, pieces, rings, f"{name}-{lb}", paired)
+            arr, low = lowering.lower(coll, servers, gpus, pieces, rings, f"{name}-{lb}", paired,
+                                      taper)  # fmt: skip
         except MscclFormatError:
             continue
         out.append(Variant(lb, arr, low))
     return out
 
 
-__all__ = ["COLLECTIVES", "MIN_BYTES", "PROTOCOLS", "SHAPES", "Variant", "applies", "file_steps",
+__all__ = ["COLLECTIVES", "MIN_BYTES", "PROTOCOLS", "RS_SHAPES", "SHAPES", "Variant", "applies", "file_steps",
            "label", "variants"]  # fmt: skip

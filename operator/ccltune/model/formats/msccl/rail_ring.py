@@ -124,16 +124,7 @@ def _arrays(servers: int, local: int, name: str, order: list[int]) -> ScheduleAr
     """What the simulator times: each ring's hops chained (each after the hop that brought the
     chunk), the spread after the hop into its sender; one transfer in flight per connection."""
     n = servers * local
-    rows: list[tuple[int, int, int]] = []
-    deps: list[tuple[int, ...]] = []
-    last: dict[tuple[int, int], int] = {}
-
-    def add(u: int, v: int, chunk: int, after: tuple[int, ...]) -> int:
-        prev = last.get((u, v))
-        rows.append((u, v, chunk))
-        deps.append(after if prev is None else (*after, prev))
-        last[(u, v)] = len(rows) - 1
-        return len(rows) - 1
+    add = (chained := Chained()).add
 
     def rank(s: int, lane: int) -> int:
         return (s % servers) * local + lane
@@ -153,14 +144,35 @@ def _arrays(servers: int, local: int, name: str, order: list[int]) -> ScheduleAr
             for q in range(local):
                 if q != lane:
                     add(r, rank(s, q), rank(s - back, lane), after)
-    src, dst, chunks = (np.asarray(x, dtype=np.int64) for x in zip(*rows, strict=True))
-    ptr, idx = dep_csr(deps)
-    return ScheduleArrays(
-        name=name, collective=Collective.ALLGATHER, nranks=n, chunks_per_rank=1,
-        src=src.astype(np.int32), dst=dst.astype(np.int32), chunk=chunks,
-        count=np.ones(len(rows), dtype=np.int32), reduce=np.zeros(len(rows), dtype=bool),
-        channel=np.zeros(len(rows), dtype=np.int32), dep_ptr=ptr, dep_idx=idx, channels=1,
-    )  # fmt: skip
+    return chained.allgather(name, n)
 
 
-__all__ = ["arrival", "rail_ring_allgather", "ring_hops", "ring_order"]
+class Chained:
+    """An AllGather's transfers as the simulator times a ring file's: one transfer in flight per
+    connection, so each waits on the connection's previous one besides what it names."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, int]] = []
+        self.deps: list[tuple[int, ...]] = []
+        self._last: dict[tuple[int, int], int] = {}
+
+    def add(self, u: int, v: int, chunk: int, after: tuple[int, ...]) -> int:
+        prev = self._last.get((u, v))
+        self.rows.append((u, v, chunk))
+        self.deps.append(after if prev is None else (*after, prev))
+        self._last[(u, v)] = len(self.rows) - 1
+        return len(self.rows) - 1
+
+    def allgather(self, name: str, nranks: int) -> ScheduleArrays:
+        src, dst, chunks = (np.asarray(x, dtype=np.int64) for x in zip(*self.rows, strict=True))
+        ptr, idx = dep_csr(self.deps)
+        m = len(self.rows)
+        return ScheduleArrays(
+            name=name, collective=Collective.ALLGATHER, nranks=nranks, chunks_per_rank=1,
+            src=src.astype(np.int32), dst=dst.astype(np.int32), chunk=chunks,
+            count=np.ones(m, dtype=np.int32), reduce=np.zeros(m, dtype=bool),
+            channel=np.zeros(m, dtype=np.int32), dep_ptr=ptr, dep_idx=idx, channels=1,
+        )  # fmt: skip
+
+
+__all__ = ["Chained", "arrival", "rail_ring_allgather", "ring_hops", "ring_order"]

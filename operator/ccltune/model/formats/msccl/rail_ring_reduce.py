@@ -11,6 +11,8 @@ d*G + l's output, in p pieces (consecutive chunks). On GPU (s, l):
   of that piece): no race and no local reduce step (`re`, which the read-back does not charge).
   The chain's order rotates with the piece (a Latin square: threadblock i takes piece u at
   "time" u + i mod U), so every threadblock is busy from the start, with no pipeline ramp;
+  or (`taper`) a list schedule that ends with the own chunk alone while the rings' last hops
+  run (`_tapered`);
 - R ring threadblocks (send to (s+1, l), receive from (s-1, l)), ring c on channel c with the
   pieces j = c mod R, one piece's ring after the other: `s` of the partial of (s-1, l), `rrs`
   of (s-2, l) .. (s+1, l) (receive, add the server's partial, send), `rrc` into the output;
@@ -61,7 +63,8 @@ def ring_order(s: int, servers: int) -> list[int]:
 class Plan:
     """The order of work every GPU of the fabric shares (it depends on no GPU's index)."""
 
-    def __init__(self, servers: int, gpus: int, pieces: int, rings: int) -> None:
+    def __init__(self, servers: int, gpus: int, pieces: int, rings: int,
+                 taper: bool = False) -> None:  # fmt: skip
         if servers < 2 or gpus < 2:
             raise ValueError("a rail ring needs >= 2 servers of >= 2 GPUs")
         if pieces < 1 or rings < 1 or pieces % rings:
@@ -72,9 +75,13 @@ class Plan:
                                         key=lambda u: ((u[1] // rings) * servers + u[0],
                                                        u[1] % rings))  # fmt: skip
         self.size = len(self.units)
+        self.column = _tapered(self) if taper else None
 
     def time(self, u: int, i: int) -> tuple[int, int]:
-        """When chain position i reduces unit u: u + i mod U (ties, where U < G-1, by i)."""
+        """When chain position i reduces unit u: u + i mod U (ties, where U < G-1, by i), or
+        its column in the tapered order."""
+        if self.column is not None:
+            return (self.column[u][i], i)
         return ((u + i) % self.size, i)
 
     def ops(self) -> list[tuple[int, int]]:
@@ -97,6 +104,44 @@ class Plan:
                       key=lambda x: (x[1] // self.rings, x[0], x[1] % self.rings))  # fmt: skip
 
 
+# Columns of margin a unit keeps per ring hop that still follows it (the own chunk's, the last
+# hop, keeps none): fitted on h800-rail-64 ReduceScatter p4r4 paired, files read back (64 /
+# 256 MiB, us): 1 -> 424.2 / 1,607.0, 2 -> 415.2 / 1,606.9, 3 -> 405.4 / 1,580.0, 4 -> 412.5 /
+# 1,617.3 (the Latin square: 422.8 / 1,640.7). docs/synthesis.md, "Session 11: rail-64
+# ReduceScatter".
+TAPER_COLUMNS = 3
+
+
+def _tapered(plan: Plan) -> list[list[int]]:
+    """Per unit, the column each chain position reduces it in: a list schedule, column by
+    column, where each position takes (of the units it has not reduced and no other position
+    takes in that column) the one with the least slack: its deadline, TAPER_COLUMNS earlier
+    for every ring hop after it, less the reduces it still needs. Units the rings need late go
+    last and the own chunk's last of all, so the server's final columns narrow to the own chunk
+    while the rings' other hops run (ReduceScatter; the Latin square ends with 7 units done
+    in one column, 3 of them two hops from the end)."""
+    size, chain, last = plan.size, plan.gpus - 1, plan.servers - 1
+    hops = [last - t for t, _ in plan.units]  # ring hops after the own chunk's
+    column = [[-1] * chain for _ in range(size)]
+    left = [set(range(size)) for _ in range(chain)]
+    reduced = [0] * size
+    tau = 0
+    while any(left):
+        taken: set[int] = set()
+        # positions with the most left first, rotating ties so none always waits
+        for i in sorted(range(chain), key=lambda i: (-len(left[i]), (i - tau) % chain)):
+            free = [u for u in left[i] if u not in taken]
+            if not free:
+                continue
+            u = min(free, key=lambda u: (reduced[u] - TAPER_COLUMNS * hops[u], u))
+            taken.add(u)
+            left[i].discard(u)
+            reduced[u] += 1
+            column[u][i] = tau
+        tau += 1
+    return column
+
+
 def _one_ahead(sends: list[Item], recvs: list[Item], phase: int) -> list[Item]:
     """Each phase's `phase` sends and receives interleaved, sends one ahead: s0 s1 r0 s2 r1 ..
     (at most FIFO_CHUNKS = 2 sent and not yet taken, so two peers never block each other)."""
@@ -112,13 +157,14 @@ def _one_ahead(sends: list[Item], recvs: list[Item], phase: int) -> list[Item]:
 
 
 def lower(coll: Collective, servers: int, gpus: int, pieces: int, rings: int, name: str,
-          paired: bool = False) -> tuple[ScheduleArrays, MscclLowering]:  # fmt: skip
+          paired: bool = False, taper: bool = False) -> tuple[ScheduleArrays, MscclLowering]:  # fmt: skip
     """The schedule (for the simulator) and the file's lowering; MscclFormatError where it
     does not fit the executor (64 steps per threadblock, XML nodes). `paired`: each peer's
-    sends and receives share one threadblock (G-1 fewer, for more rings)."""
+    sends and receives share one threadblock (G-1 fewer, for more rings); `taper`: the
+    server reduces in the tapered order (`_tapered`), not the Latin square."""
     if coll not in (Collective.REDUCESCATTER, Collective.ALLREDUCE):
         raise ValueError(f"{coll} has no reduction")
-    plan = Plan(servers, gpus, pieces, rings)
+    plan = Plan(servers, gpus, pieces, rings, taper)
     allreduce = coll == Collective.ALLREDUCE
     # before building: steps of an NVSwitch threadblock and of a ring
     most = max(servers * pieces * (1 + allreduce) * (1 + paired),

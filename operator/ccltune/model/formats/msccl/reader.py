@@ -112,18 +112,22 @@ _PROTO_ATTR = re.compile(r'\sproto="([^"]*)"')
 _DIGEST_SLICE = 1 << 20  # characters encoded at a time
 
 
-def _key(text: str, head: str) -> tuple[str, int, bytes]:
-    """The file without its protocol: the head without it, the length and a digest of the rest."""
+def file_key(text: str) -> tuple[str, int, bytes]:
+    """Names the file `text` exactly without holding it: its head (the `<algo>` line), the
+    length and a blake2b digest of the rest. A cache keyed by the text holds a copy per equal
+    text it was asked with (a 512-rank ring file's is 58 MB)."""
+    head = text[: text.find(">") + 1]
     digest = hashlib.blake2b(digest_size=32)
     for i in range(len(head), len(text), _DIGEST_SLICE):
         digest.update(text[i : i + _DIGEST_SLICE].encode())
-    return _PROTO_ATTR.sub("", head, count=1), len(text) - len(head), digest.digest()
+    return head, len(text) - len(head), digest.digest()
 
 
-def read_msccl(text: str) -> ReadBack:
-    """Read, run and prove an MSCCL algorithm, keeping each transfer's threadblocks."""
-    head = text[: text.find(">") + 1]
-    key = _key(text, head)
+def read_msccl(text: str, key: tuple[str, int, bytes] | None = None) -> ReadBack:
+    """Read, run and prove an MSCCL algorithm, keeping each transfer's threadblocks. `key`:
+    `file_key(text)` if the caller has it (not hashed again)."""
+    head, rest, digest = key or file_key(text)
+    key = _PROTO_ATTR.sub("", head, count=1), rest, digest  # the file without its protocol
     for other in [k for k, r in _READS.items() if k != key and len(r.prog.steps) > _LARGE_STEPS]:
         del _READS[other]
     again = _same_but_protocol(_READS.get(key), head)
@@ -680,4 +684,4 @@ def _consecutive(chunks: list[int]) -> Iterator[tuple[int, int]]:
             start = i
 
 
-__all__ = ["MscclFormatError", "ReadBack", "from_msccl_xml", "read_msccl"]
+__all__ = ["MscclFormatError", "ReadBack", "file_key", "from_msccl_xml", "read_msccl"]
