@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from html import unescape
 
@@ -24,7 +25,7 @@ def test_a_dropped_file_is_named_once_across_sizes(monkeypatch: pytest.MonkeyPat
     refused: list[str] = []
     tries = 0
 
-    def file_time(coll, size, topo, router, text):  # type: ignore[no-untyped-def]
+    def file_time(coll, size, topo, router, text, give_up_at=math.inf):  # type: ignore[no-untyped-def]
         nonlocal tries
         found = re.search(r'\bname="([^"]*)"', text)
         assert found is not None

@@ -19,7 +19,7 @@ payload), divided by NCCL_STEPS, times the chunk steps.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -160,6 +160,7 @@ def _releases(tbs: list[list[list[XStep]]]) -> dict[int, XStep]:
     """The first step whose published flag satisfies each dependency (flag >= deps)."""
     out: dict[int, XStep] = {}
     for g in tbs:
+        signals: dict[int, list[XStep | None]] = {}  # per tb asked: its first signal from i on
         for t in g:
             for x in t:
                 if x.depid < 0:
@@ -170,13 +171,27 @@ def _releases(tbs: list[list[list[XStep]]]) -> dict[int, XStep]:
                         f"(it would wait forever)"
                     )
                 target = g[x.depid]
-                signal = next((y for y in target[x.deps :] if y.hasdep and y.type != "nop"), None)
+                if x.depid not in signals:
+                    signals[x.depid] = _first_signals(target)
+                signal = signals[x.depid][x.deps]
                 if signal is None:
                     raise MscclFormatError(
                         f"deadlock: {x.where} depends on {target[x.deps].where}, which has "
                         f"hasdep=0 and so never signals (nor does a later step of tb {x.depid})"
                     )
                 out[x.uid] = signal
+    return out
+
+
+def _first_signals(steps: list[XStep]) -> list[XStep | None]:
+    """Per position i, the first step at or after i that publishes its flag (None: none does)."""
+    out: list[XStep | None] = [None] * len(steps)
+    nxt: XStep | None = None
+    for i in range(len(steps) - 1, -1, -1):
+        y = steps[i]
+        if y.hasdep and y.type != "nop":
+            nxt = y
+        out[i] = nxt
     return out
 
 
@@ -197,67 +212,111 @@ def execute(prog: Program, slots: Callable[[XStep], int]) -> list[XStep]:
 
     Returns the steps in an order they can complete in; raises MscclFormatError naming the
     cycle of threadblocks (gpu, tb, step, and what each waits for) when they cannot.
+
+    Threadblocks and connections are numbered and each step's FIFO slots and connections taken
+    once, before the run (a step blocked on a FIFO is looked at again when woken). The order is
+    the same as keeping them in dicts keyed by tuples: threadblocks are woken in the same
+    order (a flag's waiters are kept in a set of (gpu, tb) as before; a connection has one
+    sending and one receiving threadblock (`_match`), so at most one waits on its data or room).
     """
     tbs = prog.tbs
-    flag = {(g, t): -1 for g, gt in enumerate(tbs) for t in range(len(gt))}
-    pc = dict.fromkeys(flag, 0)
-    moved = dict.fromkeys(flag, 0)
-    fill: dict[tuple[int, int, int], int] = defaultdict(int)
-    waiting: dict[_Key, set[tuple[int, int]]] = defaultdict(set)
-    blocked: dict[tuple[int, int], _Key] = {}
+    whos = [(g, t) for g, gt in enumerate(tbs) for t in range(len(gt))]
+    first_tb = [0] * len(tbs)  # number of each gpu's threadblock 0
+    for g in range(1, len(tbs)):
+        first_tb[g] = first_tb[g - 1] + len(tbs[g - 1])
+    steps_of = [tbs[g][t] for g, t in whos]
+    conns: dict[tuple[int, int, int], int] = {}
+    nsteps = len(prog.steps)
+    in_of, out_of, need_of = [-1] * nsteps, [-1] * nsteps, [0] * nsteps
+    for x in prog.steps:
+        g, u = x.gpu, x.uid
+        if x.type in RECV_TYPES:
+            in_of[u] = conns.setdefault((x.recv, g, x.chan), len(conns))
+        if x.type in SEND_TYPES:
+            out_of[u] = conns.setdefault((g, x.send, x.chan), len(conns))
+        if in_of[u] >= 0 or out_of[u] >= 0:
+            need_of[u] = slots(x)
+    conn_key = list(conns)
+    ntb = len(whos)
+    flag = [-1] * ntb
+    pc = [0] * ntb
+    moved = [0] * ntb
+    fill = [0] * len(conns)
+    flag_waiters: dict[int, set[tuple[int, int]]] = {}
+    data_waiter = [-1] * len(conns)  # the threadblock waiting for data on a connection
+    room_waiter = [-1] * len(conns)  # ... for a free slot on it
+    blocked: list[_Key | None] = [None] * ntb
     order: list[XStep] = []
-    work = deque(flag)
-
-    def wake(key: _Key) -> None:
-        for who in waiting.pop(key, ()):
-            blocked.pop(who, None)
-            work.append(who)
-
-    def block(who: tuple[int, int], key: _Key) -> None:
-        waiting[key].add(who)
-        blocked[who] = key
+    append = order.append
+    work = deque(range(ntb))
+    popleft, push = work.popleft, work.append
 
     while work:
-        who = work.popleft()
-        g, t = who
-        steps = tbs[g][t]
-        while pc[who] < len(steps):
-            x = steps[pc[who]]
-            if moved[who] == 0 and x.depid >= 0 and flag[(g, x.depid)] < x.deps:
-                block(who, ("flag", g, x.depid, 0))
-                break
-            inq = (x.recv, g, x.chan) if x.type in RECV_TYPES else None
-            outq = (g, x.send, x.chan) if x.type in SEND_TYPES else None
-            need = slots(x) if inq or outq else 0
-            while moved[who] < need:
-                room = need - moved[who]
-                if inq:
-                    room = min(room, fill[inq])
-                if outq:
-                    room = min(room, NCCL_STEPS - fill[outq])
-                if room == 0:
-                    if inq and fill[inq] == 0:
-                        block(who, ("data", *inq))
-                    elif outq:
-                        block(who, ("room", *outq))
+        w = popleft()
+        steps = steps_of[w]
+        n = len(steps)
+        p = pc[w]
+        while p < n:
+            x = steps[p]
+            m = moved[w]
+            if m == 0 and x.depid >= 0:
+                src = first_tb[x.gpu] + x.depid
+                if flag[src] < x.deps:
+                    flag_waiters.setdefault(src, set()).add(whos[w])
+                    blocked[w] = ("flag", x.gpu, x.depid, 0)
                     break
-                if inq:
-                    fill[inq] -= room
-                    wake(("room", *inq))
-                if outq:
-                    fill[outq] += room
-                    wake(("data", *outq))
-                moved[who] += room
-            if moved[who] < need:
-                break
-            order.append(x)
-            moved[who] = 0
-            pc[who] += 1
+            u = x.uid
+            need = need_of[u]
+            if m < need:
+                i, o = in_of[u], out_of[u]
+                while m < need:
+                    room = need - m
+                    if i >= 0 and fill[i] < room:
+                        room = fill[i]
+                    if o >= 0 and NCCL_STEPS - fill[o] < room:
+                        room = NCCL_STEPS - fill[o]
+                    if room == 0:
+                        if i >= 0 and fill[i] == 0:
+                            data_waiter[i] = w
+                            blocked[w] = ("data", *conn_key[i])
+                        elif o >= 0:
+                            room_waiter[o] = w
+                            blocked[w] = ("room", *conn_key[o])
+                        break
+                    if i >= 0:
+                        fill[i] -= room
+                        v = room_waiter[i]
+                        if v >= 0:
+                            room_waiter[i] = -1
+                            blocked[v] = None
+                            push(v)
+                    if o >= 0:
+                        fill[o] += room
+                        v = data_waiter[o]
+                        if v >= 0:
+                            data_waiter[o] = -1
+                            blocked[v] = None
+                            push(v)
+                    m += room
+                if m < need:
+                    moved[w] = m
+                    break
+            append(x)
+            moved[w] = 0
+            p += 1
             if x.hasdep and x.type != "nop":
-                flag[who] = x.idx
-                wake(("flag", g, t, 0))
-    if len(order) < len(prog.steps):
-        raise MscclFormatError(_deadlock_message(prog, pc, blocked))
+                flag[w] = x.idx
+                woken = flag_waiters.pop(w, None)
+                if woken:
+                    for who in woken:
+                        v = first_tb[who[0]] + who[1]
+                        blocked[v] = None
+                        push(v)
+        pc[w] = p
+    if len(order) < nsteps:
+        raise MscclFormatError(_deadlock_message(
+            prog, dict(zip(whos, pc, strict=True)),
+            {whos[w]: key for w, key in enumerate(blocked) if key is not None}))  # fmt: skip
     return order
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -148,14 +148,15 @@ def read_msccl(text: str, key: tuple[str, int, bytes] | None = None) -> ReadBack
     pos = [0] * len(prog.steps)  # completion position by uid
     for i, x in enumerate(order):
         pos[x.uid] = i
-    before = Reach(preds, pos, prog.steps).before
+    reach = Reach(preds, pos, prog.steps, prog)
+    before = reach.before
     sent: dict[int, list[Value]] = {}
     combined: set[int] = set()
     for inplace, claim in ((False, "outofplace"), (True, "inplace")):
         if int(attrs[claim]):
             sent.clear()  # the last proof's are kept: not two at once
             sent, combined = prove(prog, order, before, lay, inplace)
-    out, senders = _result(attrs, prog, order, preds, before, sent, combined, c, root)
+    out, senders = _result(attrs, prog, order, preds, reach, sent, combined, c, root)
     if len(_READS) >= _READS_MAX:
         _READS.pop(next(iter(_READS)))
     _READS[key] = _Read(attrs, prog, tuple(x.uid for x in order), out, senders)
@@ -163,11 +164,11 @@ def read_msccl(text: str, key: tuple[str, int, bytes] | None = None) -> ReadBack
 
 
 def _result(attrs: dict[str, str], prog: Program, order: list[XStep],
-               preds: list[list[XStep]], before: Callable[[int, int], bool],
+               preds: list[list[XStep]], reach: Reach,
                sent: dict[int, list[Value]], combined: set[int], c: int,
                root: int) -> tuple[ReadBack, tuple[int, ...]]:  # fmt: skip
     """The ReadBack, and the uid of each transfer's sending step."""
-    transfers, ends, ops, timed = _transfers(prog, order, preds, before, sent, combined)
+    transfers, ends, ops, timed = _transfers(prog, order, preds, reach, sent, combined)
     sched = Schedule(
         name=attrs["name"],
         collective=_COLLS[attrs["coll"]],
@@ -246,10 +247,17 @@ def _renumbered(seen: _Read, order: list[XStep], proto: str) -> ReadBack:
     timed = None
     if rb.timed is not None:  # local operations keep their numbers, after the sends
         n = len(old)
-        moved = [*(rb.timed.transfers[i] for i in old), *rb.timed.transfers[n:]]
+        rt = rb.timed.transfers
+
+        def renamed(t: Transfer) -> Transfer:
+            deps = tuple(sorted([new[d] if d < n else d for d in t.deps]))
+            return Transfer(t.src, t.dst, t.chunk, t.count, t.reduce, deps, t.channel)
+
+        # a send the local operations do not change is the schedule's (`_transfers`): its
+        # renumbered twin is too
         timed = replace(rb.timed, protocol=proto, transfers=[
-            replace(t, deps=tuple(sorted(new[d] if d < n else d for d in t.deps)))
-            for t in moved])  # fmt: skip
+            *(transfers[j] if rt[i] is was[i] else renamed(rt[i]) for j, i in enumerate(old)),
+            *(renamed(t) for t in rt[n:])])  # fmt: skip
     return replace(
         rb, schedule=replace(rb.schedule, protocol=proto, transfers=transfers),
         send_tb=rb.send_tb[at], recv_tb=rb.recv_tb[at], send_step=rb.send_step[at],
@@ -493,7 +501,7 @@ def _transfers(
     prog: Program,
     order: list[XStep],
     preds: list[list[XStep]],
-    before: Callable[[int, int], bool],
+    reach: Reach,
     sent: dict[int, list[Value]],
     combined: set[int],
 ) -> tuple[list[Transfer], list[tuple[XStep, XStep]], list[list[XStep]], list[Transfer]]:
@@ -593,13 +601,17 @@ def _transfers(
         if snd is None:
             continue
         _, s_got, s_sent = sending.pop(snd.uid)
+        # the same for each of the send's transfers
+        # a fused step (rcs, rrs, rrcs) forwards what it receives: its own receive first
+        wait = s_got | gb
+        dep = through(wait)
+        # an earlier send already in `dep` stays whatever `before` says: not asked
+        earlier = (s_sent | sb) - dep
+        war: set[int] = set()
+        if earlier:
+            after = reach.reached(snd.uid, [recv_of_raw[t] for t in earlier])
+            war = {t for t in earlier if recv_of_raw[t] not in after}
         for i in ids[snd.uid]:
-            # a fused step (rcs, rrs, rrcs) forwards what it receives: its own receive first
-            wait = s_got | gb
-            dep = through(wait)
-            # an earlier send already in `dep` stays whatever `before` says: not asked
-            earlier = (s_sent | sb) - dep
-            war = {t for t in earlier if not before(snd.uid, recv_of_raw[t])}
             if war:
                 wars[i] = war
                 both[i] = tuple(sorted((dep | war) - {i}))

@@ -77,6 +77,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ....api.common import Collective
 from ....api.errors import InternalError
 from ...schedule.check import ScheduleError, check_schedule, topological_order
@@ -190,6 +192,27 @@ class _Layout:
         if coll == _ALLTOALL:
             s, d, j = k // (n * c), (k // c) % n, k % c
             return s * c + j if d == r else None
+        return k
+
+    def input_offs(self, r: int, k: np.ndarray) -> np.ndarray:
+        """`input_off` of each chunk in `k` (-1: None)."""
+        n, c, coll = self.n, self.c, self.coll
+        if coll == _ALLGATHER:
+            return np.where(k // c == r, k - r * c, -1)
+        if coll in (_REDUCESCATTER, _ALLREDUCE):
+            return k
+        if coll == _ALLTOALL:
+            return np.where(k // (n * c) == r, k - r * n * c, -1)
+        return k if r == self.root else np.full_like(k, -1)
+
+    def output_offs(self, r: int, k: np.ndarray) -> np.ndarray:
+        """`output_off` of each chunk in `k` (-1: None)."""
+        n, c, coll = self.n, self.c, self.coll
+        if coll == _REDUCESCATTER:
+            return np.where(k // c == r, k - r * c, -1)
+        if coll == _ALLTOALL:
+            s, d, j = k // (n * c), (k // c) % n, k % c
+            return np.where(d == r, s * c + j, -1)
         return k
 
     def input_chunk(self, r: int, off: int) -> int | None:
@@ -670,6 +693,23 @@ def _copy_runs(pend: list[tuple[int, Loc, Loc]], frames: Frames | None) -> Itera
         i = j
 
 
+class _Slots0:
+    """Rank 0's distinct input and output slots among `locs`, each as the translation block of
+    its chunk (`b`, None if an input slot holds no chunk) and the chunk within it (`j`)."""
+
+    def __init__(self, lay: _Layout, f: Frames, locs: list[Loc]) -> None:
+        distinct = list(dict.fromkeys(locs))
+        self.scratch = [loc for loc in distinct if loc[0] == "s"]
+        self.locs = [loc for loc in distinct if loc[0] != "s"]
+        ks = [lay.output_chunk(0, off) if buf == "o" else lay.input_chunk(0, off)
+              for buf, off in self.locs]  # fmt: skip
+        self.out = np.array([buf == "o" for buf, _ in self.locs], dtype=bool)
+        self.b: np.ndarray | None = None
+        self.j = np.zeros(0, dtype=np.int64)
+        if None not in ks:
+            self.b, self.j = np.divmod(np.array(ks, dtype=np.int64), f.chunks)
+
+
 class _Mover:
     """Rank 0's slots and steps as another rank holds their translates."""
 
@@ -691,6 +731,25 @@ class _Mover:
             raise MscclFormatError(f"slot {buf}[{off}] of gpu 0 has no translate on gpu {r}")
         return (buf, got)
 
+    def slots_of(self, r: int, locs0: _Slots0) -> dict[Loc, Loc] | None:
+        """`self(r, loc)` for every slot of `locs0` at once, on arrays (per step, this was
+        most of a translated lowering's time); None where some slot has no translate (then
+        `self` says which, step by step)."""
+        lay, f = self.lay, self.frames
+        if locs0.b is None:
+            return None
+        perm = f.to_rank[r].astype(np.int64)
+        if f.coll == Collective.ALLTOALL:
+            s, d = np.divmod(locs0.b, lay.n)
+            k = (perm[s] * lay.n + perm[d]) * f.chunks + locs0.j
+        else:
+            k = perm[locs0.b] * f.chunks + locs0.j
+        off = np.where(locs0.out, lay.output_offs(r, k), lay.input_offs(r, k))
+        if (off < 0).any():
+            return None
+        return {loc: (loc[0], o) for loc, o in zip(locs0.locs, off.tolist(), strict=True)} | {
+            loc: loc for loc in locs0.scratch}
+
     def chunk_in(self, r: int, k: int) -> int:
         """frames.chunk_in on Python lists (called once per slot of every step written)."""
         f = self.frames
@@ -702,6 +761,9 @@ class _Mover:
     def lowering(self, one: MscclLowering, scratch: dict[int, int]) -> MscclLowering:
         s, f = one.schedule, self.frames
         tb_meta, items_of, scratches = [], [], []
+        locs0 = _Slots0(self.lay, f, [loc for lst in one.items_of[0].values()
+                                      for _, st, _ in lst if st is not None
+                                      for loc in (st.src, st.dst)])  # fmt: skip
         for r in range(s.nranks):
             perm = self.to[r]
             tb_meta.append([(perm[p] if p >= 0 else -1, perm[q] if q >= 0 else -1, c)
@@ -712,6 +774,7 @@ class _Mover:
                 items_of.append(one.items_of[0])
                 continue
             items: dict[int, list[Item]] = {}
+            at = self.slots_of(r, locs0)
             for tb, lst in one.items_of[0].items():
                 out: list[Item] = []
                 for kind, st, dep in lst:  # a dep is named by (tb, index): rank 0's step serves
@@ -719,8 +782,10 @@ class _Mover:
                         out.append((kind, None, dep))
                         continue
                     kind_, peer, chan = st.stream
+                    src, dst = (at[st.src], at[st.dst]) if at else (self(r, st.src),
+                                                                    self(r, st.dst))  # fmt: skip
                     twin = _Step(r, (kind_, perm[peer] if peer >= 0 else -1, chan), st.key,
-                                 st.type, self(r, st.src), self(r, st.dst), st.cnt, tb=st.tb,
+                                 st.type, src, dst, st.cnt, tb=st.tb,
                                  index=st.index, hasdep=st.hasdep, chunk=-1)  # fmt: skip
                     out.append((kind, twin, dep))
                 items[tb] = out
