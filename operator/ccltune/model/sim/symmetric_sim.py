@@ -186,27 +186,11 @@ def _run_place(s: ScheduleArrays, grp: Translations, src: np.ndarray) -> list[np
     return [np.minimum.reduceat(rel, starts), np.maximum.reduceat(rel, starts), c % per]
 
 
-def _permuted(s: ScheduleArrays, perm: np.ndarray) -> ScheduleArrays:
-    """`s` with transfer k the old perm[k] (deps renumbered, threadblocks relabeled)."""
-    n = len(s)
-    inv = np.empty(n, dtype=np.int64)
-    inv[perm] = np.arange(n, dtype=np.int64)
-    lens = np.diff(s.dep_ptr)[perm]
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lens, out=ptr[1:])
-    pos = np.repeat(s.dep_ptr[:-1][perm] - ptr[:-1], lens)
-    pos += np.arange(ptr[-1], dtype=np.int64)
-    dep = s.dep_idx[pos]
-    del pos
-    for a in range(0, len(dep), _DEP_BLOCK):  # renumbered in place: no third copy of the deps
-        dep[a : a + _DEP_BLOCK] = inv[dep[a : a + _DEP_BLOCK]]
-    tb = None
-    if s.tb is not None:
-        t = s.tb[perm].reshape(s.nranks, -1)
-        tb = np.tile(t[0], s.nranks).astype(s.tb.dtype)
-    return replace(s, src=s.src[perm], dst=s.dst[perm], chunk=s.chunk[perm], count=s.count[perm],
-                   reduce=s.reduce[perm], channel=s.channel[perm], dep_ptr=ptr,
-                   dep_idx=dep, tb=tb)  # fmt: skip
+def _reordered_transfers(s: ScheduleArrays, perm: np.ndarray) -> ScheduleArrays:
+    """What `_layout` reads of `s` with transfer k the old perm[k]; its deps are left as they
+    are (not renumbered: not for use beyond `_layout`)."""
+    return replace(s, src=s.src[perm], dst=s.dst[perm], count=s.count[perm],
+                   reduce=s.reduce[perm], channel=s.channel[perm], tb=None)  # fmt: skip
 
 
 # Deps checked at a time by `_quotient_deps`: its temporaries are a few int64 arrays of this
@@ -487,14 +471,21 @@ def _structure_in(s: ScheduleArrays, router: Router, grp: Translations, reorder:
         got_order = _translate_major(s, grp)
         if got_order is not None:
             perm, labels = got_order
-            st = _structure_in(_permuted(replace(s, tb=None), perm), router, grp, reorder=False,
-                               tb_sides=None if labels is None else labels[:, perm])  # fmt: skip
-            if not isinstance(st, str):
-                rep_of = np.empty_like(st.rep_of)
-                rep_of[perm] = st.rep_of
-                st.reps, st.rep_of = perm[st.reps], rep_of
-                return st
-            reason = st
+            # The layout is read in that order; the rest is checked on `s` as it is, each
+            # transfer told its (rep, elem): no renumbered copy of the deps (a 512-rank ring
+            # file's 15M: 120 MB held, 240 MB while built; docs/synthesis-scale.md, "Session
+            # 11: the rail-512 rings").
+            lay = _layout(_reordered_transfers(s, perm), grp)
+            if isinstance(lay, str):
+                reason = lay
+            else:
+                rep, elem = np.empty_like(lay[0]), np.empty_like(lay[1])
+                rep[perm], elem[perm] = lay
+                st = _quotient_structure(replace(s, tb=None), router, grp, np.ones_like(grp.sizes),
+                                         rep, elem, tb_sides=labels)  # fmt: skip
+                if not isinstance(st, str):
+                    return st
+                reason = st
         # Invariant under the outer dimensions' translations only (NCCL's rings across nodes:
         # every node runs the same intra-node layout): one block of ranks' transfers per orbit.
         for kstep in _subgroups(s, grp):
