@@ -25,7 +25,7 @@ import numpy as np
 
 from ....api.common import Collective
 from ...schedule.ir import Schedule, ScheduleArrays, dep_csr
-from .direct import add_rank
+from .direct import OneDepThreadblock, add_rank
 from .limits import MAX_STEPS
 from .writer import Item, MscclLowering, _Layout, _Step
 
@@ -51,20 +51,6 @@ def arrival(servers: int) -> list[int]:
     return out
 
 
-class _Tb:
-    def __init__(self, send: int, recv: int) -> None:
-        self.meta = (send, recv, 0)
-        self.items: list[Item] = []
-
-    def add(self, rank: int, typ: str, src: tuple[str, int], dst: tuple[str, int],
-            dep: _Step | None = None, cnt: int = 1) -> _Step:  # fmt: skip
-        st = _Step(rank, ("copy", -1, 0), (), typ, src, dst, cnt)
-        if dep is not None:
-            dep.hasdep = True
-        st.index = len(self.items)
-        self.items.append(("step", st, dep))
-        return st
-
 
 def rail_ring_allgather(servers: int, local: int, name: str,
                         budget: int) -> tuple[ScheduleArrays, MscclLowering]:  # fmt: skip
@@ -89,7 +75,7 @@ def rail_ring_allgather(servers: int, local: int, name: str,
         for sign, hops in zip((1, -1), ring_hops(servers), strict=True):
             if not hops:
                 continue
-            tb = _Tb(on_rail(r, -sign), on_rail(r, sign))
+            tb = OneDepThreadblock(on_rail(r, -sign), on_rail(r, sign))
             for op, back in ring_order(hops):
                 if op == "s":
                     tb.add(r, "s", ("i", 0), ("o", r))
@@ -100,14 +86,14 @@ def rail_ring_allgather(servers: int, local: int, name: str,
         rings[0].add(r, "cpy", ("i", 0), ("o", r))
         sends = []
         for q in peers:
-            tb = _Tb(q, -1)
+            tb = OneDepThreadblock(q, -1)
             for back in order:
                 src = ("i", 0) if back == 0 else ("o", on_rail(r, back))
                 tb.add(r, "s", src, ("o", on_rail(r, back)), got.get(back))
             sends.append(tb)
         recvs = []
         for q in peers:
-            tb = _Tb(-1, q)
+            tb = OneDepThreadblock(-1, q)
             for back in order:
                 at = ("o", on_rail(q, back))
                 tb.add(r, "r", at, at)

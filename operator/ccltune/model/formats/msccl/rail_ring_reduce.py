@@ -33,26 +33,12 @@ import numpy as np
 
 from ....api.common import Collective
 from ...schedule.ir import Schedule, ScheduleArrays, dep_csr
-from .direct import add_rank
+from .direct import OneDepThreadblock, add_rank
 from .limits import MAX_STEPS
 from .writer import Item, Loc, MscclFormatError, MscclLowering, _Layout, _Step
 
 Unit = tuple[int, int]  # (ring step t, piece j): chunk (ring_order[t], l), piece j
 
-
-class _Tb:
-    """One threadblock's steps; a step holds at most one dependency (its depid)."""
-
-    def __init__(self, send: int, recv: int, chan: int = 0) -> None:
-        self.meta = (send, recv, chan)
-        self.items: list[Item] = []
-
-    def add(self, rank: int, typ: str, src: Loc, dst: Loc, dep: _Step | None) -> _Step:
-        st = _Step(rank, ("copy", -1, 0), (), typ, src, dst, 1)
-        if dep is not None:
-            dep.hasdep = True
-        self.items.append(("step", st, dep))
-        return st
 
 
 def ring_order(s: int, servers: int) -> list[int]:
@@ -195,9 +181,9 @@ def lower(coll: Collective, servers: int, gpus: int, pieces: int, rings: int, na
 
         peers = [(loc + 1 + i) % gpus for i in range(gpus - 1)]  # chain position -> peer
         nxt, prv = ((s + 1) % servers) * gpus + loc, ((s - 1) % servers) * gpus + loc
-        ring_tbs = [_Tb(nxt, prv, c) for c in range(plan.rings)]
-        recv = [_Tb(-1, s * gpus + k) for k in peers]
-        send = {k: _Tb(s * gpus + k, -1) for k in peers}
+        ring_tbs = [OneDepThreadblock(nxt, prv, c) for c in range(plan.rings)]
+        recv = [OneDepThreadblock(-1, s * gpus + k) for k in peers]
+        send = {k: OneDepThreadblock(s * gpus + k, -1) for k in peers}
         # receives: chain position i takes units in its rotated order, each after the unit's
         # previous reduce (a lower "time", so no threadblock waits for a later step of its own)
         done_at: dict[tuple[int, int], _Step] = {}

@@ -20,23 +20,10 @@ from __future__ import annotations
 
 from ....api.common import Collective
 from ...schedule.ir import Schedule, ScheduleArrays
-from .direct import add_rank
+from .direct import OneDepThreadblock, add_rank
 from .limits import MAX_STEPS
 from .rail_ring import Chained, arrival, ring_hops, ring_order
 from .writer import Item, Loc, MscclLowering, _Layout, _Step
-
-
-class _Tb:
-    def __init__(self, send: int, recv: int) -> None:
-        self.meta = (send, recv, 0)
-        self.items: list[Item] = []
-
-    def add(self, rank: int, typ: str, src: Loc, dst: Loc, dep: _Step | None = None) -> _Step:
-        st = _Step(rank, ("copy", -1, 0), (), typ, src, dst, 1)
-        if dep is not None:
-            dep.hasdep = True
-        self.items.append(("step", st, dep))
-        return st
 
 
 def groups(local: int) -> tuple[int, int] | None:
@@ -101,7 +88,7 @@ def tier_ring_allgather(servers: int, local: int, name: str,
         for sign, hops in zip((1, -1), ring_hops(servers), strict=True):
             if not hops:
                 continue
-            tb = _Tb(fab.back(r, -sign), fab.back(r, sign))
+            tb = OneDepThreadblock(fab.back(r, -sign), fab.back(r, sign))
             for op, k in ring_order(hops):
                 if op == "s":
                     tb.add(r, "s", ("i", 0), ("o", r))
@@ -112,7 +99,7 @@ def tier_ring_allgather(servers: int, local: int, name: str,
         rings[0].add(r, "cpy", ("i", 0), ("o", r))
         stage1 = []
         for p in fab.partners(r):
-            out, into = _Tb(p, -1), _Tb(-1, p)
+            out, into = OneDepThreadblock(p, -1), OneDepThreadblock(-1, p)
             for k in fab.order:
                 src: Loc = ("i", 0) if k == 0 else ("o", fab.back(r, k))
                 out.add(r, "s", src, ("o", fab.back(r, k)), got.get((r, k)))
@@ -121,7 +108,7 @@ def tier_ring_allgather(servers: int, local: int, name: str,
             stage1 += [out, into]
         stage2 = []
         for q in fab.peers(r):
-            out, into = _Tb(q, -1), _Tb(-1, q)
+            out, into = OneDepThreadblock(q, -1), OneDepThreadblock(-1, q)
             for o, k in fab.forwarded(r):
                 src = ("i", 0) if (o, k) == (r, 0) else ("o", fab.back(o, k))
                 out.add(r, "s", src, ("o", fab.back(o, k)), got.get((o, k)))
