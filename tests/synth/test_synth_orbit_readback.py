@@ -43,7 +43,7 @@ def _steps(tbs) -> list:
 def _read_full(text: str, monkeypatch: pytest.MonkeyPatch) -> ReadBack:
     reader._READS.clear()
     with monkeypatch.context() as m:
-        m.setattr(reader, "_parse_translated", lambda _text: None)
+        m.setattr(reader, "_parse_translated", lambda _text, _maps=None: None)
         return read_msccl(text)
 
 
@@ -83,7 +83,7 @@ def test_translated_files_read_through_rank_0_exactly(preset: str, coll: Collect
             evaluate._read_back.cache_clear()
             evaluate._structure.cache_clear()
             with monkeypatch.context() as m:
-                m.setattr(reader, "_parse_translated", lambda _text: None)
+                m.setattr(reader, "_parse_translated", lambda _text, _maps=None: None)
                 reader._READS.clear()
                 t_full = evaluate.published_estimate(coll, size, topo, text).time_us
             assert t_fast == t_full

@@ -34,7 +34,7 @@ def _times(text: str, fresh: bool) -> tuple[list[float], int]:
     times = [evaluate.published_estimate("allgather", n, clus,
                                          as_protocol(text, "Simple") if fresh else simple,
                                          router=router).time_us for n in SIZES]  # fmt: skip
-    assert len(evaluate._structure) == len(SIZES)  # one entry a slicing: each could hold a text
+    assert len(evaluate._structure) > 1  # entries of several slicings: each could hold a text
     keys = [*evaluate._read_back._held, *evaluate._structure._held]
     held = sum(len(part) for key in keys for part in key if isinstance(part, str))
     _clear()

@@ -69,8 +69,8 @@ def test_applies_to_two_switch_dimensions_only() -> None:
     dims = load_preset("h800-rail-64").dimensions or []
     assert rings.files(dims, 15, str) == []  # 16 threadblocks needed
     assert [lb for lb, _, _ in rings.files(dims, 16, str)] == [rings.LABEL]
-    # h800-rail-512: its read-back would hold ~0.5M steps (peak RSS past 2 GB): not offered
-    assert rings.files(load_preset("h800-rail-512").dimensions or [], 16, str) == []
+    # h800-rail-512's file (0.5M steps, ~300 MB to build) is offered within its gate:
+    # test_synth_rail_ring_memory.py checks the gate without building it
 
 
 def test_engine_keeps_the_ring_file_where_it_is_faster() -> None:

@@ -12,7 +12,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import fields, replace
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import numpy as np
 
@@ -23,7 +23,15 @@ from .cost.bounds import lower_bound
 from .cost.busbw import algbw_gbps, busbw_gbps
 from .cost.gpu import gpu_physics
 from .cost.protocols import PROTOCOLS, protocol_cost
-from .formats.msccl.reader import ReadBack, file_key, read_msccl
+from .formats.msccl.executor import CHUNK_SLOTS
+from .formats.msccl.reader import (
+    ReadBack,
+    check_protocol,
+    file_key,
+    protocol_of,
+    read_msccl,
+    same_file,
+)
 from .formats.msccl.slicing import (
     SLICE_BYTES,
     Slicing,
@@ -153,15 +161,28 @@ class _Cached(Generic[V]):
         self.held_bytes += self._held[key][1]
         while len(self._held) > 1 and (len(self._held) > self.entries
                                        or self.held_bytes > self.max_bytes):  # fmt: skip
-            self.held_bytes -= self._held.popitem(last=False)[1][1]
+            gone, (_, size) = self._held.popitem(last=False)
+            self.held_bytes -= size
+            self._evicted(gone)
         return value
 
     def __len__(self) -> int:
         return len(self._held)
 
+    def __contains__(self, key: tuple[object, ...]) -> bool:
+        return key in self._held
+
+    def drop(self, where: Callable[[tuple[object, ...]], bool]) -> None:
+        """Let the entries whose key `where` holds for go."""
+        for key in [k for k in self._held if where(k)]:
+            self.held_bytes -= self._held.pop(key)[1]
+            self._evicted(key)
+
+    def _evicted(self, key: tuple[object, ...]) -> None:
+        """An entry was let go (for what is held with it)."""
+
     def cache_clear(self) -> None:
-        self._held.clear()
-        self.held_bytes = 0
+        self.drop(lambda _: True)
 
 
 def _arrays_bytes(arrays: ScheduleArrays) -> int:
@@ -180,24 +201,83 @@ def _fields_of(obj: object) -> list[object]:
     return [getattr(obj, f.name) for f in fields(obj)]  # type: ignore[arg-type]
 
 
+class _ReadBacks(_Cached[ReadBack]):
+    """Called with (file_key, text): the file's read-back, one whatever its protocol (the
+    first read's: the protocol changes only the order the executor completes the steps in,
+    hence the transfers' numbering, which no simulated time depends on), once the file's run
+    under this protocol is checked (reader.check_protocol: a deadlock is still found). A
+    second read-back per protocol was ~110 MB and its arrays ~70 MB on a 512-rank ring file
+    (docs/synthesis-scale.md, "Session 12: one read-back per file")."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda file, key, text: read_msccl(text, key), _read_back_bytes,
+                         entries=64, max_bytes=READ_BACK_BYTES, keyed=1)  # fmt: skip
+        self._ran: dict[object, set[str | None]] = {}  # per file held: the protocols run
+        self._most: dict[object, int] = {}  # per file held: its largest transfer count
+
+    def __call__(self, *args: object) -> ReadBack:
+        key, text = cast(tuple[str, int, bytes], args[0]), cast(str, args[1])
+        file, proto = same_file(key), protocol_of(key)
+        ran = self._ran.get(file) if (file,) in self else None
+        if ran is not None and proto not in ran:
+            check_protocol(text, key)
+            ran.add(proto)
+        rb = super().__call__(file, key, text)
+        if file not in self._ran:
+            self._ran[file] = {proto}
+            self._most[file] = max((t.count for t in (rb.timed or rb.schedule).transfers),
+                                   default=1)  # fmt: skip
+        return rb
+
+    def largest_count(self, file: object) -> int:
+        """The largest count of a transfer of `file`'s read-back (held)."""
+        return self._most[file]
+
+    def _evicted(self, key: tuple[object, ...]) -> None:
+        # a structure of another read-back of the file may number its transfers otherwise
+        self._ran.pop(key[0], None)
+        self._most.pop(key[0], None)
+        _structure.drop(lambda k: k[0] == key[0])
+
+
 # Read-backs by file (a file is timed at many sizes and protocols: reading it is most of its
-# cost) and their sliced structures by (file, protocol, max_allowed_count, k). The file is named
-# by `file_key`, not its text: the engine passes a new copy of a text for each protocol but its
+# cost) and their sliced structures (`_Structures`). The file is named by `file_key` without
+# its protocol, not its text: the engine passes a new copy of a text for each protocol but its
 # own, and a key held one copy per entry (rail-512 ReduceScatter: ~5 of its ring's 58 MB;
 # docs/synthesis-scale.md, "Session 11: the rail-512 rings").
-_read_back = _Cached(lambda key, text: read_msccl(text, key), _read_back_bytes, entries=64,
-                     max_bytes=READ_BACK_BYTES, keyed=1)  # fmt: skip
+_read_back = _ReadBacks()
 
 
-def _sliced_structure(key: tuple[str, int, bytes], protocol: str, max_allowed_count: int, k: int,
+def _sliced_structure(file: object, slots: int, max_allowed_count: int, k: int,
+                      key: tuple[str, int, bytes], protocol: str,
                       xml_text: str) -> ScheduleArrays:  # fmt: skip
     # what a size changes beyond the bytes (slicing.structure); the bytes are set per call
     sl = Slicing(protocol, 0.0, SLICE_BYTES[protocol], k, 0.0, max_allowed_count)
     return structure(_read_back(key, xml_text), sl, k)
 
 
-_structure = _Cached(_sliced_structure, _arrays_bytes, entries=16, max_bytes=STRUCTURE_BYTES,
-                     keyed=4)  # fmt: skip
+class _Structures(_Cached[ScheduleArrays]):
+    """Called with (file_key, protocol, max_allowed_count, k, text): the sliced structure of
+    the file's read-back, one per (file, FIFO slots a primitive call takes, max_allowed_count
+    up to the file's largest count, k). `slicing.structure` depends on the protocol only
+    through those slots (LL and LL128: 1) and on max_allowed_count only through each step's
+    calls, ceil(count / max_allowed_count): 1 for every step from its largest count up (a
+    rail-ring file's steps move one chunk each: one structure per k and slot count)."""
+
+    def __init__(self) -> None:
+        super().__init__(_sliced_structure, _arrays_bytes, entries=16,
+                         max_bytes=STRUCTURE_BYTES, keyed=4)  # fmt: skip
+
+    def __call__(self, *args: object) -> ScheduleArrays:
+        key, protocol = cast(tuple[str, int, bytes], args[0]), cast(str, args[1])
+        allowed, k, text = cast(int, args[2]), cast(int, args[3]), cast(str, args[4])
+        file = same_file(key)
+        _read_back(key, text)  # held (and this protocol checked) before its count is asked
+        allowed = min(allowed, _read_back.largest_count(file))
+        return super().__call__(file, CHUNK_SLOTS[protocol], allowed, k, key, protocol, text)
+
+
+_structure = _Structures()
 
 
 def published_estimate(collective: Collective | str, size_bytes: int, topo: ClusterTopology,
@@ -209,8 +289,8 @@ def published_estimate(collective: Collective | str, size_bytes: int, topo: Clus
     the synthesis engine's schedule does not charge. `give_up_at`: raise Slower (sim/simulate)
     once the time is known to be at least that."""
     key = file_key(xml_text)
-    rb = _read_back(key, xml_text)
-    sl = slicing(rb.schedule.protocol, size_bytes, rb.chunks_per_loop, collective)
+    rb = _read_back(key, xml_text)  # its protocol may be another's: the file's is the key's
+    sl = slicing(str(protocol_of(key)), size_bytes, rb.chunks_per_loop, collective)
     # The executor's kernels run on the GPU's threadblocks like NCCL's (cost/gpu.py); its launch
     # is charged as NCCL's ring kernel's (baseLat): MSCCL has no latency table of its own.
     g = nccl_graph(topo)

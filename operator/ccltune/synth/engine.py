@@ -43,6 +43,7 @@ from ..model.formats.msccl.slicing import iterations_to_simulate, slicing
 from ..model.formats.msccl.stream import render_lowering, write_lowering, write_retitled
 from ..model.formats.msccl.writer import MscclFormatError, MscclLowering, lower_msccl
 from ..model.nccl.default import default_estimate, nccl_default, nccl_graph
+from ..model.published_bound import FileShape, file_shape, published_lower_bound
 from ..model.schedule.ir import Schedule, ScheduleArrays
 from ..model.sim.routing import Router
 from ..model.sim.simulate import simulate
@@ -518,13 +519,17 @@ def synthesize(
     simulated: dict[tuple[int, int, str], float] = {}  # screening's runs are not repeated
     charged: set[tuple[int, int, str]] = set()
 
-    def run(arr: ScheduleArrays, size: int, proto: str, charge: bool = True) -> float:
+    def run(arr: ScheduleArrays, size: int, proto: str, charge: bool = True,
+            timed: bool = True) -> float:
         """`charge=False`: a look ahead; its work is counted when the loop first uses it, so
-        the budget cuts evaluation where it would without looking ahead."""
+        the budget cuts evaluation where it would without looking ahead. `timed=False`: the
+        work counted alone, nothing simulated (NaN: no caller reads the time)."""
         key = (id(arr), size, proto)
         if charge and key not in charged:
             charged.add(key)
             clock.spend(len(arr))
+        if not timed:
+            return math.nan
         if key not in simulated:
             cost = protocol_cost(proto, link_kind=g.intra_kind, gpu=gpu_physics(topo.gpu_model))
             simulated[key] = simulate(arr, topo, size, cost, router, engine="symmetric").time_us
@@ -540,6 +545,24 @@ def synthesize(
     # neighbour is asked for twice (as that winner and as a ring). Its work is still counted
     # per ask, so the budget cuts where it did.
     file_times: dict[tuple[str, str, int], float | str] = {}
+    # Files not read back yet: their lowering's shape, for a bound on their time that needs no
+    # read-back (model/published_bound.py); dropped once the file is read.
+    unread: dict[str, FileShape | None] = {}
+
+    def cannot_win(label: str, proto: str, size: int, limit: float) -> AtLeast | None:
+        """The file's time is at least `limit` by its lowering alone: that bound, else None.
+        Only for files this process has not read (a read file is timed for less)."""
+        if math.isinf(limit) or label in files or label not in lowered or (
+                apart is not None and apart.handles(label, proto)):  # fmt: skip
+            return None
+        if label not in unread:
+            unread[label] = file_shape(lowered[label])
+        shape = unread[label]
+        if shape is None:
+            return None
+        cost = protocol_cost(proto, link_kind=g.intra_kind, gpu=gpu_physics(topo.gpu_model))
+        at_least = published_lower_bound(shape, coll, size, router, cost)
+        return AtLeast(at_least) if at_least >= limit else None
 
     def file_us(label: str, proto: str, size: int, beat: tuple[float, str, str] | None) -> float:
         """The variant's file with `proto`, read back and simulated as published (inf: the
@@ -550,10 +573,14 @@ def synthesize(
         limit = math.inf if beat is None else beat[0]
         got = file_times.get((label, proto, size))
         if got is None or (isinstance(got, AtLeast) and got < limit):
-            if apart is not None and apart.handles(label, proto):
+            bound = cannot_win(label, proto, size, limit)
+            if bound is not None:  # as the give-up below would say, without reading the file
+                got = bound
+            elif apart is not None and apart.handles(label, proto):
                 got = apart.time(label, proto, size)
             else:
                 if label not in files:
+                    unread.pop(label, None)
                     low = lowered.get(label) or lower_msccl(as_schedule(arr_of[label]),
                                                             max_threadblocks=budget, order="early")  # fmt: skip
                     files[label] = render_lowering(low, name=label, proto=proto,
@@ -665,13 +692,17 @@ def synthesize(
         tried = [v for v in tried if runs_at(v)] or [
             (lb, arr_of[lb]) for lb, _ in variants if runs_at((lb, arr_of[lb])) and verified(lb)
         ]
+        edge = i in grid or any(picks[j].chosen.startswith("nccl:") or picks[j].chosen in rail_reduces
+                                for j in (lo, hi))  # fmt: skip
         engine_times: list[tuple[float, str, str]] = []
         for label, arr in tried:
             for proto in _protocols(s):
                 if clock.out() and engine_times:
                     result.budget_exhausted = True
                     break
-                engine_times.append((run(arr, s, proto), label, proto))
+                # Away from the edges the neighbours' winning files are timed and these times
+                # rank nothing: their work is counted (the budget cuts where it did), not run.
+                engine_times.append((run(arr, s, proto, timed=edge), label, proto))
         # At grid sizes the engine's best few are timed as the files they would be: a file's
         # threadblocks run their steps in order, once per slice, which the engine's schedule
         # does not charge. A file adds waits to its schedule, never removes one, so a candidate
@@ -679,16 +710,12 @@ def synthesize(
         # grid points the file(s) that won at either end are timed; where NCCL won at one end
         # the engine's best is timed too. Every synthesized time reported is a file's.
         best: tuple[float, str, str] | None = None
-        edge = i in grid or any(picks[j].chosen.startswith("nccl:") or picks[j].chosen in rail_reduces
-                                for j in (lo, hi))  # fmt: skip
         if not edge:
-            best = min(engine_times, default=None)
             won = {(picks[j].chosen, picks[j].protocol) for j in (lo, hi)}
-            if best is not None:
+            if engine_times:
                 # The file(s) that won at the two ends, timed here as published: the engine's
                 # times rank schedules, not files (a file can be 10-30% off its schedule), and
                 # the time reported is the file's.
-                best = None
                 for lb, pr in sorted(won):
                     f = file_us(lb, pr, s, best)
                     if not math.isinf(f) and (best is None or f < best[0]):

@@ -31,6 +31,16 @@ COLLECTIVES = (Collective.REDUCESCATTER, Collective.ALLREDUCE)
 # square (the taper's p4r2 at 64 MiB: 863.2 against 745.8). docs/synthesis.md, "Session 11:
 # rail-64 ReduceScatter".
 SHAPES = ((4, 4, True), (4, 2, False), (2, 2, False), (1, 1, False))
+# AllReduce before SHAPES' one piece on one ring (where two others fit, as on rail-64, they are
+# the two timed): the ring both ways round (formats/msccl/rail_ring_both.py), ~S hops a chunk
+# where the one-way ring chains 2S - 2 and needs 2S - 1 steps on a threadblock; (pieces, rings),
+# each in the smallest block of servers a step (`lower`'s `block`) that fits 64 steps and
+# rail_ring.max_file_steps. 16 x 8 GPUs (simulated, files read back, Simple, 64 MiB / 1 GiB):
+# p2r1 780.8 / 11,764.3 us against p2r2's 805.3 / 12,383.6; 32 x 8: p1r1 839.9 / 12,771.8
+# against the one-way p1r1's 1,294.1 / 13,161.8; 64 x 8 (h800-rail-512): p1r1 in blocks of 4
+# (1,177.3 / 13,846.4) or 8 servers, where no one-way shape fits. docs/synthesis.md, "Session 12:
+# rail AllReduce within 64 steps".
+BOTH_SHAPES = ((2, 1), (1, 1))
 RS_SHAPES = ((4, 4, True, True), (4, 4, True, False), (4, 2, False, False), (2, 2, False, False),
              (1, 1, False, False))  # fmt: skip
 # Smallest size its files are timed at: below, each of the S-1 ring hops in sequence pays a
@@ -58,18 +68,24 @@ def applies(dims: list[Dimension], coll: Collective) -> bool:
         dims[0].size >= 2 and dims[1].size >= 2  # fmt: skip
 
 
-def label(pieces: int, rings: int, paired: bool, taper: bool = False) -> str:
+def label(pieces: int, rings: int, paired: bool, taper: bool = False, block: int = 1,
+          both: bool = False) -> str:  # fmt: skip
     return f"rail-ring/p{pieces}r{rings}" + ("/paired" if paired else "") + \
-        ("/taper" if taper else "")  # fmt: skip
+        ("/taper" if taper else "") + ("/both" if both else "") + \
+        (f"/b{block}" if block > 1 else "")  # fmt: skip
 
 
-def file_steps(coll: Collective, servers: int, gpus: int, pieces: int) -> int:
+def file_steps(coll: Collective, servers: int, gpus: int, pieces: int, block: int = 1,
+               both: bool = False) -> int:  # fmt: skip
     """Steps of the whole file (any rings, paired or not): per GPU, each of its G-1 peers'
-    sends and receives of S x pieces units (twice for AllReduce: its AllGather too), and the
-    rings' S steps a piece (2S - 1 for AllReduce)."""
+    sends and receives of S x pieces units (twice for AllReduce: its AllGather too; S / block
+    units in blocks, both ways up to 2 more a piece in the AllGather), and the rings' S steps a
+    piece (AllReduce 2S - 1, both ways 2S)."""
     twice = coll == Collective.ALLREDUCE
-    per_gpu = 2 * (gpus - 1) * servers * pieces * (1 + twice) + \
-        pieces * (2 * servers - 1 if twice else servers)  # fmt: skip
+    units = servers // block * pieces
+    spread = (units + 2 * pieces * (both and block > 1)) if twice else 0
+    ring = (2 * servers if both else 2 * servers - 1) if twice else servers
+    per_gpu = 2 * (gpus - 1) * (units + spread) + pieces * ring
     return servers * gpus * per_gpu
 
 
@@ -83,6 +99,8 @@ def variants(dims: list[Dimension], coll: Collective, budget: int,
     shapes = RS_SHAPES if coll == Collective.REDUCESCATTER else \
         tuple((*shape, False) for shape in SHAPES)  # fmt: skip
     for pieces, rings, paired, taper in shapes:
+        if coll == Collective.ALLREDUCE and (pieces, rings) == (1, 1):  # both ways first
+            out += _both_ways(servers, gpus, budget, name, MAX_VARIANTS - len(out))
         tbs = rings + (gpus - 1) * (1 if paired else 2)
         steps = servers * pieces * (2 if coll == Collective.ALLREDUCE else 1) * (2 if paired else 1)
         if tbs > budget or steps > MAX_STEPS or len(out) == MAX_VARIANTS:
@@ -99,5 +117,31 @@ def variants(dims: list[Dimension], coll: Collective, budget: int,
     return out
 
 
-__all__ = ["COLLECTIVES", "MIN_BYTES", "PROTOCOLS", "RS_SHAPES", "SHAPES", "Variant", "applies", "file_steps",
-           "label", "variants"]  # fmt: skip
+def _both_ways(servers: int, gpus: int, budget: int, name: str, room: int) -> list[Variant]:
+    """AllReduce rings both ways round (BOTH_SHAPES), up to `room` of them, each in the
+    smallest block of servers whose NVSwitch threadblocks fit 64 steps."""
+    out: list[Variant] = []
+    coll = Collective.ALLREDUCE
+    for pieces, rings in BOTH_SHAPES:
+        if len(out) >= room or servers < 4 or 2 * rings + 2 * (gpus - 1) > budget or \
+                servers * pieces // rings > MAX_STEPS:  # S steps a piece on each way  # fmt: skip
+            continue
+        for block in (b for b in range(1, servers + 1) if servers % b == 0):
+            units = servers // block * pieces  # reduces, then as many spread runs (+2 a piece)
+            if 2 * units + 2 * pieces * (block > 1) > MAX_STEPS:
+                continue
+            if file_steps(coll, servers, gpus, pieces, block, True) > max_file_steps(coll):
+                break  # not a larger block instead: its ramp is longer (measured, docs)
+            lb = label(pieces, rings, False, block=block, both=True)
+            try:
+                arr, low = lowering.lower(coll, servers, gpus, pieces, rings, f"{name}-{lb}",
+                                          block=block, both=True)  # fmt: skip
+            except MscclFormatError:  # its blocks split in two runs: a larger block
+                continue
+            out.append(Variant(lb, arr, low))
+            break
+    return out
+
+
+__all__ = ["BOTH_SHAPES", "COLLECTIVES", "MIN_BYTES", "PROTOCOLS", "RS_SHAPES", "SHAPES", "Variant",
+           "applies", "file_steps", "label", "variants"]  # fmt: skip

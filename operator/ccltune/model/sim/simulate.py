@@ -280,6 +280,7 @@ def _heap_engine(p: _Prepared, stop: tuple[float, float] = (np.inf, 0.0),
     on_res: list[set[int]] = [set() for _ in range(len(cap))]  # active classes per resource
     nflows = [0] * len(cap)
     share = cap[:]  # cap / flows on it, kept current as flows come and go
+    share_of = share.__getitem__
     rate = [0.0] * ncls
     served = [0.0] * ncls  # service of the class up to `last`
     last = [0.0] * ncls
@@ -288,32 +289,13 @@ def _heap_engine(p: _Prepared, stop: tuple[float, float] = (np.inf, 0.0),
     start = [np.nan] * n
     finish = [np.nan] * n
     # (time, kind 0=class finish 1=start, class or tid, version)
-    heap: list[tuple[float, int, int, int]] = []
-    for t in range(n):
-        if indeg[t] == 0:
-            heap.append((alpha[t], 1, t, 0))
+    heap = [(alpha[t], 1, t, 0) for t in range(n) if indeg[t] == 0]
     heapq.heapify(heap)
+    push, pop = heapq.heappush, heapq.heappop
+    give_up, launch = stop
     events = 0
-    changed: set[int] = set()  # classes whose first finish moved (a flow joined or left)
-
-    def rerate(classes: set[int], now: float) -> None:
-        for c in classes:
-            r_old = rate[c]
-            served[c] += r_old * (now - last[c])
-            last[c] = now
-            if not queue[c]:
-                rate[c] = 0.0
-                continue
-            r_new = min(map(share.__getitem__, cres[c]))
-            if r_new == r_old and c not in changed:
-                continue  # its pending finish event still holds
-            rate[c] = r_new
-            version[c] += 1
-            left = max(queue[c][0][0] - served[c], 0.0)
-            heapq.heappush(heap, (now + left / r_new, 0, c, version[c]))
-
     while heap:
-        now, kind, x, ver = heapq.heappop(heap)
+        now, kind, x, ver = pop(heap)
         if kind == 1:
             t, c = x, cls[x]
             events += 1
@@ -326,34 +308,51 @@ def _heap_engine(p: _Prepared, stop: tuple[float, float] = (np.inf, 0.0),
                 share[r] = cap[r] / nflows[r]
             served[c] += rate[c] * (now - last[c])
             last[c] = now
-            head = queue[c][0] if queue[c] else None
-            heapq.heappush(queue[c], (served[c] + nbytes[t], t))
-            changed = {c} if queue[c][0] != head else set()
-            rerate(touched, now)
-            continue
-        c = x
-        if ver != version[c]:
-            continue  # superseded by a re-rate
-        events += 1
-        _, t = heapq.heappop(queue[c])
-        finish[t] = now
-        if now + stop[1] >= stop[0]:
-            raise Slower(now + stop[1])
-        touched = {c}
-        for r in cres[c]:
-            nflows[r] -= 1
-            share[r] = cap[r] / nflows[r] if nflows[r] else cap[r]
-            if not queue[c]:
-                on_res[r].discard(c)
-            touched |= on_res[r]
-        changed = {c}
-        rerate(touched, now)
-        for k in range(succ_ptr[t], succ_ptr[t + 1]):
-            u = succ_idx[k]
-            ready[u] = max(ready[u], now + succ_gap[k])
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                heapq.heappush(heap, (ready[u], 1, u, 0))
+            q = queue[c]
+            head = q[0] if q else None
+            push(q, (served[c] + nbytes[t], t))
+            moved = c if q[0] != head else -1  # the class whose first finish moved, if any
+        else:
+            c = x
+            if ver != version[c]:
+                continue  # superseded by a re-rate
+            events += 1
+            q = queue[c]
+            _, t = pop(q)
+            finish[t] = now
+            if now + launch >= give_up:
+                raise Slower(now + launch)
+            touched = {c}
+            for r in cres[c]:
+                nflows[r] -= 1
+                share[r] = cap[r] / nflows[r] if nflows[r] else cap[r]
+                if not q:
+                    on_res[r].discard(c)
+                touched |= on_res[r]
+            moved = c
+        # Re-rate the classes sharing a resource with c (inline: one call per event cost 10%).
+        for d in touched:
+            r_old = rate[d]
+            served[d] += r_old * (now - last[d])
+            last[d] = now
+            qd = queue[d]
+            if not qd:
+                rate[d] = 0.0
+                continue
+            r_new = min(map(share_of, cres[d]))
+            if r_new == r_old and d != moved:
+                continue  # its pending finish event still holds
+            rate[d] = r_new
+            version[d] += 1
+            left = max(qd[0][0] - served[d], 0.0)
+            push(heap, (now + left / r_new, 0, d, version[d]))
+        if kind == 0:
+            for k in range(succ_ptr[t], succ_ptr[t + 1]):
+                u = succ_idx[k]
+                ready[u] = max(ready[u], now + succ_gap[k])
+                indeg[u] -= 1
+                if indeg[u] == 0:
+                    push(heap, (ready[u], 1, u, 0))
     return np.asarray(start, dtype=np.float64), np.asarray(finish, dtype=np.float64), events
 
 

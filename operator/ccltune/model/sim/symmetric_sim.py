@@ -20,6 +20,7 @@ capacities within an orbit and equal latencies within a pair orbit. When one fai
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -313,6 +314,25 @@ def _channel_orbits(
         ukeys = np.flatnonzero(np.bincount(routes, minlength=span))
     else:
         ukeys = sorted_unique(routes)
+    if len(ukeys) > _ORBITS_MAX_ROUTES:
+        return _orbits_of(ukeys, router, grp, kstep)
+    # What follows depends on the routes alone: a file timed at every size (a new sliced
+    # schedule each time) and a variant's protocols use the same ones.
+    key = (id(router), tuple(grp.sizes.tolist()), tuple(kstep.tolist()),
+           hashlib.blake2b(ukeys.tobytes(), digest_size=16).digest())
+    hit = _ORBITS.pop(key, None)
+    if hit is None or hit[0] is not router or not np.array_equal(hit[1][1], ukeys):
+        hit = (router, _orbits_of(ukeys, router, grp, kstep))
+        while len(_ORBITS) >= _ORBITS_MAX:
+            _ORBITS.pop(next(iter(_ORBITS)))
+    _ORBITS[key] = hit  # the most recently used last
+    return hit[1]
+
+
+def _orbits_of(ukeys: np.ndarray, router: Router, grp: Translations, kstep: np.ndarray,
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """`_channel_orbits` from the sorted distinct route keys."""
+    period = router.nic_period
     upair = ukeys // period
     off, chans, lat = router.paths_csr(
         zip((upair // grp.n).tolist(), (upair % grp.n).tolist(), (ukeys % period).tolist(),
@@ -347,6 +367,14 @@ def _channel_orbits(
     roots = np.array([find(int(c)) for c in touched.tolist()], dtype=np.int64)
     _, orbit[touched] = np.unique(roots, return_inverse=True)
     return steps, ukeys, off, chans, lat, orbit
+
+
+_Orbits = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+# `_channel_orbits` per (router, group, K's steps, routes); read only. Only for route sets up
+# to _ORBITS_MAX_ROUTES (a 64-rank schedule's have under 1,000), so entries stay small.
+_ORBITS: dict[tuple[int, tuple[int, ...], tuple[int, ...], bytes], tuple[Router, _Orbits]] = {}
+_ORBITS_MAX = 16
+_ORBITS_MAX_ROUTES = 1 << 13
 
 
 @dataclass(slots=True)

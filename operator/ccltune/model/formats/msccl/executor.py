@@ -214,7 +214,8 @@ def execute(prog: Program, slots: Callable[[XStep], int]) -> list[XStep]:
     cycle of threadblocks (gpu, tb, step, and what each waits for) when they cannot.
 
     Threadblocks and connections are numbered and each step's FIFO slots and connections taken
-    once, before the run (a step blocked on a FIFO is looked at again when woken). The order is
+    once, before the run (a step blocked on a FIFO is looked at again when woken); `slots` is
+    asked once per step count (every caller's depends on the count alone). The order is
     the same as keeping them in dicts keyed by tuples: threadblocks are woken in the same
     order (a flag's waiters are kept in a set of (gpu, tb) as before; a connection has one
     sending and one receiving threadblock (`_match`), so at most one waits on its data or room).
@@ -228,14 +229,27 @@ def execute(prog: Program, slots: Callable[[XStep], int]) -> list[XStep]:
     conns: dict[tuple[int, int, int], int] = {}
     nsteps = len(prog.steps)
     in_of, out_of, need_of = [-1] * nsteps, [-1] * nsteps, [0] * nsteps
-    for x in prog.steps:
-        g, u = x.gpu, x.uid
-        if x.type in RECV_TYPES:
-            in_of[u] = conns.setdefault((x.recv, g, x.chan), len(conns))
-        if x.type in SEND_TYPES:
-            out_of[u] = conns.setdefault((g, x.send, x.chan), len(conns))
-        if in_of[u] >= 0 or out_of[u] >= 0:
-            need_of[u] = slots(x)
+    need_by_cnt: dict[int, int] = {}
+    for (g, _), steps in zip(whos, steps_of, strict=True):
+        if not steps:
+            continue
+        x0 = steps[0]  # a threadblock's steps share its peers and channel: so its connections
+        cin = conns.setdefault((x0.recv, g, x0.chan), len(conns))
+        cout = conns.setdefault((g, x0.send, x0.chan), len(conns))
+        for x in steps:
+            t = x.type
+            takes = t in RECV_TYPES
+            gives = t in SEND_TYPES
+            if takes or gives:
+                u = x.uid
+                if takes:
+                    in_of[u] = cin
+                if gives:
+                    out_of[u] = cout
+                need = need_by_cnt.get(x.cnt)
+                if need is None:
+                    need = need_by_cnt[x.cnt] = slots(x)
+                need_of[u] = need
     conn_key = list(conns)
     ntb = len(whos)
     flag = [-1] * ntb

@@ -24,10 +24,15 @@ AllReduce: each piece's ring goes on as an AllGather (`rrcs` of its own chunk, `
 each send threadblock then spreads the reduced pieces of (d, l) to its peer, each send waiting
 for the ring step that completed it, in the order they complete; each receive threadblock takes
 them. Steps per threadblock: S x p on the NVSwitch ones (AllReduce 2 S x p), S x p / R on a
-ring (AllReduce (2S - 1) x p / R).
+ring (AllReduce (2S - 1) x p / R). Where that passes 64 (AllReduce on 64 servers), `lower`'s
+`block` moves several servers' chunks a NVSwitch step and `both` runs the ring both ways round
+in S steps a way (rail_ring_both.py; docs/synthesis.md, "Session 12: rail AllReduce within 64
+steps").
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -35,9 +40,10 @@ from ....api.common import Collective
 from ...schedule.ir import Schedule, ScheduleArrays, dep_csr
 from .direct import OneDepThreadblock, add_rank
 from .limits import MAX_STEPS
+from .rail_ring_both import FORWARD, BothWays
 from .writer import Item, Loc, MscclFormatError, MscclLowering, _Layout, _Step
 
-Unit = tuple[int, int]  # (ring step t, piece j): chunk (ring_order[t], l), piece j
+Unit = tuple[int, int]  # (q, piece j): the q-th block the rings need; block 1: ring step q
 
 
 
@@ -47,21 +53,85 @@ def ring_order(s: int, servers: int) -> list[int]:
 
 
 class Plan:
-    """The order of work every GPU of the fabric shares (it depends on no GPU's index)."""
+    """The order of work every GPU of a server shares; it depends on no GPU's index, and with
+    `block` 1 on no server's either (a unit is then a ring step)."""
 
     def __init__(self, servers: int, gpus: int, pieces: int, rings: int,
-                 taper: bool = False) -> None:  # fmt: skip
+                 taper: bool = False, block: int = 1, both: bool = False) -> None:  # fmt: skip
         if servers < 2 or gpus < 2:
             raise ValueError("a rail ring needs >= 2 servers of >= 2 GPUs")
         if pieces < 1 or rings < 1 or pieces % rings:
             raise ValueError(f"{pieces} pieces do not deal over {rings} rings")
+        if block < 1 or servers % block:
+            raise ValueError(f"blocks of {block} servers do not tile {servers}")
         self.servers, self.gpus, self.pieces, self.rings = servers, gpus, pieces, rings
-        # the server reduces units in the order the rings take them
-        self.units: list[Unit] = sorted(((t, j) for t in range(servers) for j in range(pieces)),
-                                        key=lambda u: ((u[1] // rings) * servers + u[0],
+        self.block, self.blocks = block, servers // block
+        self.ways = BothWays(servers) if both else None
+        self._need: dict[int, list[int]] = {}  # server -> blocks in the order its rings need them
+        # unit (q, j): piece j of the q-th block of servers its rings need; the server reduces
+        # units in the order the rings take them
+        self.units: list[Unit] = sorted(((q, j) for q in range(self.blocks) for j in range(pieces)),
+                                        key=lambda u: ((u[1] // rings) * self.blocks + u[0],
                                                        u[1] % rings))  # fmt: skip
+        self.index = {unit: u for u, unit in enumerate(self.units)}
         self.size = len(self.units)
         self.column = _tapered(self) if taper else None
+
+    def chunk(self, d: int, j: int, g: int) -> int:
+        """Chunk index of piece j of chunk (d, g); with blocks lane-major, so a block of
+        servers' chunks of one lane and piece is contiguous (one step of cnt `block`)."""
+        if self.block == 1:
+            return (d * self.gpus + g) * self.pieces + j
+        return (g * self.pieces + j) * self.servers + d
+
+    def needed(self, s: int) -> list[int]:
+        """Blocks in the order server s's rings need them (both ways: `BothWays.need`)."""
+        if s not in self._need:
+            ways, b = self.ways, self.block
+            assert ways is not None
+            self._need[s] = sorted(range(self.blocks), key=lambda x: (
+                min(ways.need(s, d) for d in range(x * b, x * b + b)), x))  # fmt: skip
+        return self._need[s]
+
+    def first_server(self, s: int, q: int) -> int:
+        """The first server of the q-th block server s's rings need: one way, blocks are
+        aligned, so the block of s-1 comes first, then the ones below it (mod S)."""
+        if self.ways is not None:
+            return self.needed(s)[q] * self.block
+        return ((s - 1) // self.block - q) % self.blocks * self.block
+
+    def unit_of(self, s: int, d: int, j: int) -> int:
+        """Index (in `units`) of the unit holding piece j of chunk (d, .) on server s."""
+        if self.ways is not None:
+            return self.index[(self.needed(s).index(d // self.block), j)]
+        return self.index[(((s - 1) // self.block - d // self.block) % self.blocks, j)]
+
+    def arrival(self, s: int, d: int) -> int:
+        """When chunk d is complete on server s, in ring steps: one way, the own chunk at the
+        end of the reduce, server s - k at the all-gather's k-th hop."""
+        if self.ways is not None:
+            return self.ways.completes(s, d)[1]
+        return (s - d) % self.servers
+
+    def spread(self, s: int) -> list[tuple[int, int, int, int]]:
+        """AllReduce on server s: (first server, servers, piece, the server whose chunk is
+        complete on s last) of each block in the order the rings complete them (`arrival`);
+        both ways, a block whose chunks two ways complete goes as a run per way (each waits
+        for its way's step: a step waits for one)."""
+        out = []
+        for b in range(self.blocks):
+            runs: list[list[int]] = []
+            for d in range(b * self.block, (b + 1) * self.block):
+                way = self.ways.completes(s, d)[0] if self.ways is not None else 0
+                if runs and runs[-1][0] == way:
+                    runs[-1].append(d)
+                else:
+                    runs.append([way, d])
+            for _, *ds in runs:
+                last = max(ds, key=lambda d: self.arrival(s, d))
+                out += [(ds[0], len(ds), j, last) for j in range(self.pieces)]
+        return sorted(out, key=lambda x: (x[2] // self.rings, self.arrival(s, x[3]),
+                                          x[2] % self.rings))  # fmt: skip
 
     def time(self, u: int, i: int) -> tuple[int, int]:
         """When chain position i reduces unit u: u + i mod U (ties, where U < G-1, by i), or
@@ -83,12 +153,6 @@ class Plan:
         """Pieces ring c carries, one after the other."""
         return list(range(c, self.pieces, self.rings))
 
-    def spread(self) -> list[Unit]:
-        """AllReduce: (position in the ring's AllGather order, piece) in the order the rings
-        complete them; position 0 is the GPU's own chunk, k > 0 ring_order[k - 1]."""
-        return sorted(((k, j) for k in range(self.servers) for j in range(self.pieces)),
-                      key=lambda x: (x[1] // self.rings, x[0], x[1] % self.rings))  # fmt: skip
-
 
 # Columns of margin a unit keeps per ring hop that still follows it (the own chunk's, the last
 # hop, keeps none): fitted on h800-rail-64 ReduceScatter p4r4 paired, files read back (64 /
@@ -106,8 +170,8 @@ def _tapered(plan: Plan) -> list[list[int]]:
     last and the own chunk's last of all, so the server's final columns narrow to the own chunk
     while the rings' other hops run (ReduceScatter; the Latin square ends with 7 units done
     in one column, 3 of them two hops from the end)."""
-    size, chain, last = plan.size, plan.gpus - 1, plan.servers - 1
-    hops = [last - t for t, _ in plan.units]  # ring hops after the own chunk's
+    size, chain, last = plan.size, plan.gpus - 1, plan.blocks - 1
+    hops = [last - q for q, _ in plan.units]  # ring hops after the own chunk's (blocks)
     column = [[-1] * chain for _ in range(size)]
     left = [set(range(size)) for _ in range(chain)]
     reduced = [0] * size
@@ -143,18 +207,30 @@ def _one_ahead(sends: list[Item], recvs: list[Item], phase: int) -> list[Item]:
 
 
 def lower(coll: Collective, servers: int, gpus: int, pieces: int, rings: int, name: str,
-          paired: bool = False, taper: bool = False) -> tuple[ScheduleArrays, MscclLowering]:  # fmt: skip
+          paired: bool = False, taper: bool = False, block: int = 1,
+          split: bool = False, both: bool = False) -> tuple[ScheduleArrays, MscclLowering]:  # fmt: skip
     """The schedule (for the simulator) and the file's lowering; MscclFormatError where it
     does not fit the executor (64 steps per threadblock, XML nodes). `paired`: each peer's
     sends and receives share one threadblock (G-1 fewer, for more rings); `taper`: the
-    server reduces in the tapered order (`_tapered`), not the Latin square."""
+    server reduces in the tapered order (`_tapered`), not the Latin square. AllReduce only:
+    `block`: each NVSwitch step moves that many servers' chunks (cnt `block`, the buffer
+    lane-major), so a threadblock holds S / block units, not S; `split`: each ring's
+    all-gather hops run on a threadblock of their own (channel rings + c, the same peers), its
+    first send waiting for the reduce's last hop, so a ring of S servers needs S steps a piece
+    on each, not 2S - 1 on one; `both`: the ring goes both ways round (rail_ring_both.py, the
+    backward way on channel rings + c), S steps a piece on each way and ~S hops a chunk."""
     if coll not in (Collective.REDUCESCATTER, Collective.ALLREDUCE):
         raise ValueError(f"{coll} has no reduction")
-    plan = Plan(servers, gpus, pieces, rings, taper)
     allreduce = coll == Collective.ALLREDUCE
+    if (block > 1 or split or both) and not allreduce:
+        raise ValueError("blocks and split rings need AllReduce's free layout")
+    if split and both:
+        raise ValueError("a ring both ways has no all-gather of its own to split")
+    plan = Plan(servers, gpus, pieces, rings, taper, block, both)
     # before building: steps of an NVSwitch threadblock and of a ring
-    most = max(servers * pieces * (1 + allreduce) * (1 + paired),
-               (2 * servers - 1 if allreduce else servers) * pieces // rings)  # fmt: skip
+    ring_steps = servers if split or both or not allreduce else 2 * servers - 1
+    spread = max(len(plan.spread(s)) for s in range(servers)) if allreduce else 0
+    most = max((plan.size + spread) * (1 + paired), ring_steps * pieces // rings)
     if most > MAX_STEPS:
         raise MscclFormatError(f"a threadblock needs {most} steps; the executor allows {MAX_STEPS}")
     n, p = servers * gpus, pieces
@@ -167,7 +243,7 @@ def lower(coll: Collective, servers: int, gpus: int, pieces: int, rings: int, na
         order = ring_order(s, servers)
 
         def chunk(d: int, j: int, g: int = loc) -> int:
-            return (d * gpus + g) * p + j
+            return plan.chunk(d, j, g)
 
         slots: dict[tuple[int, int], int] = {}
 
@@ -182,6 +258,8 @@ def lower(coll: Collective, servers: int, gpus: int, pieces: int, rings: int, na
         peers = [(loc + 1 + i) % gpus for i in range(gpus - 1)]  # chain position -> peer
         nxt, prv = ((s + 1) % servers) * gpus + loc, ((s - 1) % servers) * gpus + loc
         ring_tbs = [OneDepThreadblock(nxt, prv, c) for c in range(plan.rings)]
+        gather_tbs = [OneDepThreadblock(prv if both else nxt, nxt if both else prv, plan.rings + c)
+                      for c in range(plan.rings)] if split or both else ring_tbs  # fmt: skip
         recv = [OneDepThreadblock(-1, s * gpus + k) for k in peers]
         send = {k: OneDepThreadblock(s * gpus + k, -1) for k in peers}
         # receives: chain position i takes units in its rotated order, each after the unit's
@@ -190,11 +268,11 @@ def lower(coll: Collective, servers: int, gpus: int, pieces: int, rings: int, na
         prev: dict[int, _Step] = {}
         steps: dict[tuple[int, int], tuple[Loc, Loc, _Step | None]] = {}
         for i, u in plan.ops():
-            t, j = plan.units[u]
-            d = order[t]
+            q, j = plan.units[u]
+            d = plan.first_server(s, q)
             src = ("i", chunk(d, j)) if u not in prev else partial(d, j)
             steps[(i, u)] = (src, partial(d, j), prev.get(u))
-            prev[u] = _Step(r, ("copy", -1, 0), (), "rrc", src, partial(d, j), 1)
+            prev[u] = _Step(r, ("copy", -1, 0), (), "rrc", src, partial(d, j), plan.block)
             done_at[(i, u)] = prev[u]
         for i in range(gpus - 1):
             for u in plan.taken(i):
@@ -207,29 +285,36 @@ def lower(coll: Collective, servers: int, gpus: int, pieces: int, rings: int, na
         for k in peers:
             mine = (loc - k - 1) % gpus  # this GPU's chain position on k
             for u in plan.taken(mine):
-                t, j = plan.units[u]
-                send[k].add(r, "s", ("i", chunk(order[t], j, k)), ("o", -1), None)
+                q, j = plan.units[u]
+                send[k].add(r, "s", ("i", chunk(plan.first_server(s, q), j, k)), ("o", -1), None,
+                            plan.block)  # fmt: skip
         last = {u: prev[u] for u in range(plan.size)}
-        index = {unit: u for u, unit in enumerate(plan.units)}
         done: dict[tuple[int, int], _Step] = {}  # AllReduce: the step completing chunk (d, l)
         for c, ring in enumerate(ring_tbs):
+            if both:
+                _both_ways(r, plan, (ring, gather_tbs[c]), c, last, done, partial)
+                continue
             for j in plan.ring(c):
                 for t, d in enumerate(order):
                     at = partial(d, j)
                     typ = ("s" if t == 0 else "rrs" if t < servers - 1 else
-                           "rrcs" if allreduce else "rrc")  # fmt: skip
-                    done[(d, j)] = ring.add(r, typ, at, at, last[index[(t, j)]])
-                if allreduce:  # this piece's AllGather: own chunk sent above, s+1 last
-                    for t, d in enumerate(order[:-1]):
-                        typ = "rcs" if t < servers - 2 else "r"
-                        done[(d, j)] = ring.add(r, typ, ("i", -1), ("o", chunk(d, j)), None)
+                           "rrcs" if allreduce and not split else "rrc")  # fmt: skip
+                    done[(d, j)] = ring.add(r, typ, at, at, last[plan.unit_of(s, d, j)])
+                if not allreduce:
+                    continue
+                gather = gather_tbs[c]  # this piece's AllGather: own chunk first, s+1 last
+                if split:
+                    own = partial(s, j)
+                    gather.add(r, "s", own, own, done[(s, j)])
+                for t, d in enumerate(order[:-1]):
+                    typ = "rcs" if t < servers - 2 else "r"
+                    done[(d, j)] = gather.add(r, typ, ("i", -1), ("o", chunk(d, j)), None)
         if allreduce:
-            spread = [(([s, *order[:-1]])[k], j) for k, j in plan.spread()]
             for i, k in enumerate(peers):
-                for d, j in spread:
+                for d, cnt, j, last_in in plan.spread(s):
                     at = ("o", chunk(d, j))
-                    send[k].add(r, "s", at, at, done[(d, j)])
-                    recv[i].add(r, "r", ("i", -1), ("o", chunk(d, j, k)), None)
+                    send[k].add(r, "s", at, at, done[(last_in, j)], cnt)
+                    recv[i].add(r, "r", ("i", -1), ("o", chunk(d, j, k)), None, cnt)
         if paired:  # one threadblock per peer: its sends one ahead of its receives, per phase
             for i, k in enumerate(peers):
                 recv[i].meta = (s * gpus + k, s * gpus + k, 0)
@@ -237,82 +322,165 @@ def lower(coll: Collective, servers: int, gpus: int, pieces: int, rings: int, na
             every = [*ring_tbs, *recv]
         else:
             every = [*ring_tbs, *recv, *send.values()]
+        if split or both:
+            every[len(ring_tbs) : len(ring_tbs)] = gather_tbs
         add_rank(every, tb_meta, items_of)
         scratch.append(dict.fromkeys(range(len(slots)), 0))
-    sched = Schedule(name, coll, n, n * p if allreduce else p, [], channels=plan.rings)
-    low = MscclLowering(sched, lay, scratch, tb_meta, items_of, plan.rings)
+    channels = plan.rings * (2 if split or both else 1)
+    sched = Schedule(name, coll, n, n * p if allreduce else p, [], channels=channels)
+    low = MscclLowering(sched, lay, scratch, tb_meta, items_of, channels)
     low.require(max_steps=MAX_STEPS)
-    return _arrays(coll, plan, name), low
+    return _arrays(coll, plan, name, split), low
 
 
-def _arrays(coll: Collective, plan: Plan, name: str) -> ScheduleArrays:
+def _both_ways_arrays(plan: Plan, add: Callable[..., int],
+                      last: dict[tuple[int, int], int]) -> dict[tuple[int, int], tuple[int, ...]]:  # fmt: skip
+    """The rings both ways round as transfers (`_arrays`' `add`); per (rank, chunk) the
+    transfer that completes it there. The pair's exchange (L from d to d+1, R from d+1 to d)
+    reads and writes both ends, which whole transfers cannot do both ways at once: here R
+    completes the chunk at d and L carries the complete chunk on to d+1 after it (the file runs
+    them at once)."""
+    ways, gpus, servers = plan.ways, plan.gpus, plan.servers
+    assert ways is not None
+    n = servers * gpus
+    hf, hb = ways.reduce_hops
+    back = 1 - FORWARD
+    # hops in an order where each comes after what it waits for
+    hops = sorted([(2 * k, FORWARD, k) for k in range(servers - 1)] +
+                  [(2 * (k + hf - hb) - 1, back, k) for k in range(servers - 1)])  # fmt: skip
+    into: dict[tuple[int, int, int], int] = {}  # (rank, chunk, way) -> the hop into it
+    tail: dict[tuple[int, int], int] = {}  # (rank, channel) -> the ring's last hop into it
+    completed: dict[tuple[int, int], tuple[int, ...]] = {}
+    for c in range(plan.rings):
+        for j in plan.ring(c):
+            for _, way, k in hops:  # hop k: from the way's step k to its step k + 1
+                h, ch = ways.reduce_hops[way], c + way * plan.rings
+                for r in range(n):
+                    s, loc = divmod(r, gpus)
+                    to = (s + 1 if way == FORWARD else s - 1) % servers * gpus + loc
+                    d = ways.chunk(s, way, k)
+                    ck = plan.chunk(d, j, loc)
+                    after: tuple[int, ...] = ()
+                    if k <= h:  # it sends the server's partial, or a sum with it
+                        after += (last[(r, plan.unit_of(s, d, j))],)
+                    if k:
+                        after += (into[(r, ck, way)],)
+                    elif (r, ch) in tail:  # the ring's previous piece, in program order
+                        after += (tail[(r, ch)],)
+                    if k == h and way == FORWARD:  # L: the chunk R completed here
+                        after += (into[(r, ck, back)],)
+                    if k + 1 <= h:  # the receiver adds its partial (`rrs`, `rrcs`)
+                        after += (last[(to, plan.unit_of(to // gpus, d, j))],)
+                    elif k == h and way == back:  # R: the receiver adds L, stored there
+                        after += (into[(to, ck, FORWARD)],)
+                    red = k < h or (k == h and way == back)
+                    into[(to, ck, way)] = tail[(to, ch)] = add(r, to, ck, red, after, ch)
+                    if k >= h:
+                        completed[(to, ck)] = (into[(to, ck, way)],)
+    return completed
+
+
+def _both_ways(r: int, plan: Plan, tbs: tuple[OneDepThreadblock, OneDepThreadblock], c: int,
+               last: dict[int, _Step], done: dict[tuple[int, int], _Step],
+               partial: Callable[[int, int], Loc]) -> None:  # fmt: skip
+    """Ring c's pieces both ways round on rank r (rail_ring_both.py): the steps that read the
+    server's partial wait for its last reduce; the step that completes a chunk waits for the
+    other way's store on this GPU."""
+    ways = plan.ways
+    assert ways is not None
+    s = r // plan.gpus
+    for j in plan.ring(c):
+        stored: dict[int, _Step] = {}  # way -> its step that stored the way's sum here
+        for k in range(plan.servers):
+            for way, tb in enumerate(tbs):
+                d, typ, h = ways.chunk(s, way, k), ways.kind(way, k), ways.reduce_hops[way]
+                at = partial(d, j)
+                dep = last[plan.unit_of(s, d, j)] if k <= h else \
+                    stored[1 - way] if k == h + 1 else None  # fmt: skip
+                src = ("i", -1) if typ in ("rcs", "r") else at
+                step = tb.add(r, typ, src, at, dep)
+                if k == h:
+                    stored[way] = step
+                if k > h:
+                    done[(d, j)] = step
+
+
+def _arrays(coll: Collective, plan: Plan, name: str, split: bool = False) -> ScheduleArrays:
     """What the simulator times: the file's transfers and waits (one connection queue per
     (sender, receiver, channel), one transfer in flight), piece by piece."""
     allreduce = coll == Collective.ALLREDUCE
-    servers, gpus, p = plan.servers, plan.gpus, plan.pieces
+    servers, gpus, p, block = plan.servers, plan.gpus, plan.pieces, plan.block
     n = servers * gpus
-    rows: list[tuple[int, int, int, bool, int]] = []
+    rows: list[tuple[int, int, int, bool, int, int]] = []
     deps: list[tuple[int, ...]] = []
     queue: dict[tuple[int, int, int], int] = {}
 
-    def add(u: int, v: int, k: int, red: bool, after: tuple[int, ...], c: int = 0) -> int:
+    def add(u: int, v: int, k: int, red: bool, after: tuple[int, ...], c: int = 0,
+            cnt: int = 1) -> int:  # fmt: skip
         prev = queue.get((u, v, c))
-        rows.append((u, v, k, red, c))
+        rows.append((u, v, k, red, c, cnt))
         deps.append(after if prev is None else (*after, prev))
         queue[(u, v, c)] = len(rows) - 1
         return len(rows) - 1
 
-    def chunk(s: int, loc: int, t: int, j: int) -> int:
-        return (ring_order(s, servers)[t] * gpus + loc) * p + j
+    def rank(s: int, loc: int) -> int:
+        return s % servers * gpus + loc % gpus
 
-    last: dict[tuple[int, int], int] = {}  # (rank, chunk) -> the server's last reduce into it
+    last: dict[tuple[int, int], int] = {}  # (rank, unit) -> the server's last reduce into it
     for r in range(n):
         s, loc = divmod(r, gpus)
         prev: dict[int, int] = {}
         for i, u in plan.ops():
-            k = chunk(s, loc, *plan.units[u])
-            prev[u] = add(s * gpus + (loc + 1 + i) % gpus, r, k, True,
-                          (prev[u],) if u in prev else ())  # fmt: skip
-            last[(r, k)] = prev[u]
+            q, j = plan.units[u]
+            k = plan.chunk(plan.first_server(s, q), j, loc)
+            prev[u] = add(rank(s, loc + 1 + i), r, k, True, (prev[u],) if u in prev else (),
+                          cnt=block)  # fmt: skip
+            last[(r, u)] = prev[u]
     final: dict[tuple[int, int], int] = {}  # (rank, chunk) -> the transfer completing it there
     tail: dict[tuple[int, int], int] = {}  # (rank, ring) -> the ring's last transfer into it
-    for c in range(plan.rings):
+    for c in range(plan.rings if plan.ways is None else 0):
         for j in plan.ring(c):
             for t in range(servers - 1):
                 for r in range(n):
                     s, loc = divmod(r, gpus)
-                    nxt = ((s + 1) % servers) * gpus + loc
-                    k = chunk(s, loc, t, j)
-                    after: tuple[int, ...] = (last[(r, k)], last[(nxt, k)])
+                    nxt, d = rank(s + 1, loc), (s - 1 - t) % servers
+                    k = plan.chunk(d, j, loc)
+                    after: tuple[int, ...] = (last[(r, plan.unit_of(s, d, j))],
+                                              last[(nxt, plan.unit_of(s + 1, d, j))])  # fmt: skip
                     if t:
                         after = (*after, final[(r, k)])
                     elif (r, c) in tail:  # the ring's previous piece, in program order
                         after = (*after, tail[(r, c)])
                     final[(nxt, k)] = tail[(nxt, c)] = add(r, nxt, k, True, after, c)
             if allreduce:  # chunk (d, l) leaves d at t = 0 and goes round the ring
+                gc = plan.rings + c if split else c
                 for t in range(servers - 1):
                     for r in range(n):
                         s, loc = divmod(r, gpus)
-                        nxt = ((s + 1) % servers) * gpus + loc
-                        k = ((s - t) % servers * gpus + loc) * p + j
-                        final[(nxt, k)] = tail[(nxt, c)] = add(r, nxt, k, False,
-                                                               (final[(r, k)],), c)  # fmt: skip
+                        nxt, k = rank(s + 1, loc), plan.chunk((s - t) % servers, j, loc)
+                        after = (final[(r, k)],)
+                        if split and not t:  # split: nxt takes it after its own send, its rrc
+                            after = (*after, final[(nxt, plan.chunk((s + 1) % servers, j, loc))])
+                        final[(nxt, k)] = tail[(nxt, gc)] = add(r, nxt, k, False, after, gc)
+    completed: dict[tuple[int, int], tuple[int, ...]] = {}  # both ways: what completes it
+    if plan.ways is not None:
+        completed = _both_ways_arrays(plan, add, last)
     if allreduce:
         for r in range(n):
             s, loc = divmod(r, gpus)
-            ahead = [s, *ring_order(s, servers)[:-1]]
-            for pos, j in plan.spread():
-                k = (ahead[pos] * gpus + loc) * p + j
+            for d, run, j, last_in in plan.spread(s):
+                k = plan.chunk(last_in, j, loc)
+                after = completed[(r, k)] if completed else (final[(r, k)],)
                 for i in range(gpus - 1):
-                    add(r, s * gpus + (loc + 1 + i) % gpus, k, False, (final[(r, k)],))
-    src, dst, chunks, red, chan = (list(x) for x in zip(*rows, strict=True))
+                    add(r, rank(s, loc + 1 + i), plan.chunk(d, j, loc), False, after, cnt=run)
+    src, dst, chunks, red, chan, cnt = (list(x) for x in zip(*rows, strict=True))
     ptr, idx = dep_csr(deps)
     return ScheduleArrays(
         name=name, collective=coll, nranks=n, chunks_per_rank=n * p if allreduce else p,
         src=np.asarray(src, dtype=np.int32), dst=np.asarray(dst, dtype=np.int32),
-        chunk=np.asarray(chunks, dtype=np.int64), count=np.ones(len(src), dtype=np.int32),
+        chunk=np.asarray(chunks, dtype=np.int64), count=np.asarray(cnt, dtype=np.int32),
         reduce=np.asarray(red, dtype=bool), channel=np.asarray(chan, dtype=np.int32),
-        dep_ptr=ptr, dep_idx=idx, channels=plan.rings,
+        dep_ptr=ptr, dep_idx=idx, channels=plan.rings * (2 if split or plan.ways else 1),
     )  # fmt: skip
 
 

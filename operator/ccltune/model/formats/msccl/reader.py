@@ -14,16 +14,20 @@ Local steps (`cpy`, `re`; a run of `re`s msccl_parser.cc fuses counts once) are 
 receive does, timed when slicing.CHARGE_LOCAL_STEPS is on (docs/cost-model.md "Local steps").
 `read_msccl` also keeps each transfer's threadblocks and steps (`ReadBack`), which the runtime's
 slicing needs (slicing.py). A file whose ranks are rank 0's translates is parsed through rank 0
-(translates.py); the steps are the same, so the run and the proof are too.
+(translates.py); the steps are the same, so the run and the proof are too. Its proof and
+transfers are then computed once per orbit of its rank maps' automorphisms and moved to every
+rank (orbit.py), the same read-back as rank by rank.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass, replace
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -42,6 +46,7 @@ from .executor import (
     slots_per_step,
 )
 from .limits import MAX_COUNT
+from .orbit import merged_preds, orbit_order, orbit_prove, orbit_transfers, orbits_of
 from .replay import Reach, Value, prove
 from .translates import split_gpus, translated_gpus
 from .writer import PROTOCOLS, MscclFormatError, _Layout
@@ -97,6 +102,7 @@ class _Read:
     order: tuple[int, ...]  # step uids in the order execute() completed them
     result: ReadBack
     senders: tuple[int, ...]  # per transfer of `result`: the uid of the step that sends it
+    checked: set[str] = field(default_factory=set)  # protocols `check_protocol` ran it with
 
 
 # The last files read, keyed by their text without the protocol: synthesis times one lowering
@@ -105,8 +111,9 @@ class _Read:
 _READS: dict[tuple[str, int, bytes], _Read] = {}
 _READS_MAX = 4
 # A program of more steps (a 512-rank ring file's ~0.5M: 154 MB) is kept only until another
-# file is read; smaller ones stay, as a re-read of a protocol costs a full read
-# (docs/synthesis-scale.md, "Session 10: the rail rings within 2 GB").
+# file is read or a second protocol of it is checked (`check_protocol`); smaller ones until
+# every protocol has run, as a re-read of a protocol costs a full read (docs/synthesis-scale.md,
+# "Session 10: the rail rings within 2 GB", "Session 12: one read-back per file").
 _LARGE_STEPS = 400_000
 _PROTO_ATTR = re.compile(r'\sproto="([^"]*)"')
 _DIGEST_SLICE = 1 << 20  # characters encoded at a time
@@ -133,7 +140,35 @@ def read_msccl(text: str, key: tuple[str, int, bytes] | None = None) -> ReadBack
     again = _same_but_protocol(_READS.get(key), head)
     if again is not None:
         return again
-    attrs, sizes, tbs = _parse(text)
+    with _collector_paused():
+        attrs, prog, order, out, senders = _first_read(text)
+    if len(_READS) >= _READS_MAX:
+        _READS.pop(next(iter(_READS)))
+    _READS[key] = _Read(attrs, prog, tuple(x.uid for x in order), out, senders)
+    return out
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a file is read: the read builds ~10 objects a step
+    (steps, lists, sets) that all live to its end, and each collection walked every one built
+    so far (a third of a 512-rank ring file's read, CPU). Its few cycles (closures) wait for
+    the first collection after it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _first_read(text: str) -> tuple[dict[str, str], Program, list[XStep], ReadBack,
+                                     tuple[int, ...]]:  # fmt: skip
+    """Parse, run and prove `text`: its attributes, program, completion order, read-back and
+    each transfer's sending step."""
+    maps: list[np.ndarray] = []
+    attrs, sizes, tbs = _parse(text, maps)
     proto = attrs["proto"]
     coll = _COLLS[attrs["coll"]]
     n = len(tbs)
@@ -149,18 +184,19 @@ def read_msccl(text: str, key: tuple[str, int, bytes] | None = None) -> ReadBack
     for i, x in enumerate(order):
         pos[x.uid] = i
     reach = Reach(preds, pos, prog.steps, prog)
-    before = reach.before
-    sent: dict[int, list[Value]] = {}
-    combined: set[int] = set()
-    for inplace, claim in ((False, "outofplace"), (True, "inplace")):
-        if int(attrs[claim]):
-            sent.clear()  # the last proof's are kept: not two at once
-            sent, combined = prove(prog, order, before, lay, inplace)
-    out, senders = _result(attrs, prog, order, preds, reach, sent, combined, c, root)
-    if len(_READS) >= _READS_MAX:
-        _READS.pop(next(iter(_READS)))
-    _READS[key] = _Read(attrs, prog, tuple(x.uid for x in order), out, senders)
-    return out
+    got = _orbit_result(attrs, prog, order, preds, reach, lay, maps, c) if maps else None
+    if got is not None:
+        out, senders = got
+    else:
+        before = reach.before
+        sent: dict[int, list[Value]] = {}
+        combined: set[int] = set()
+        for inplace, claim in ((False, "outofplace"), (True, "inplace")):
+            if int(attrs[claim]):
+                sent.clear()  # the last proof's are kept: not two at once
+                sent, combined = prove(prog, order, before, lay, inplace)
+        out, senders = _result(attrs, prog, order, preds, reach, sent, combined, c, root)
+    return attrs, prog, order, out, senders
 
 
 def _result(attrs: dict[str, str], prog: Program, order: list[XStep],
@@ -198,6 +234,41 @@ def _result(attrs: dict[str, str], prog: Program, order: list[XStep],
     ), tuple(x.uid for x, _ in ends)  # fmt: skip
 
 
+def _orbit_result(attrs: dict[str, str], prog: Program, order: list[XStep],
+                  preds: list[list[XStep]], reach: Reach, lay: _Layout, maps: list[np.ndarray],
+                  c: int) -> tuple[ReadBack, tuple[int, ...]] | None:  # fmt: skip
+    """`_result` of a file whose ranks are rank 0's translates, proved and built per orbit
+    (orbit.py); None where that does not apply or the proof fails (the full read reports it)."""
+    orb = orbits_of(maps, prog, lay)
+    walk = None if orb is None else orbit_order(prog, preds, orb)
+    if orb is None or walk is None:
+        return None
+    sent: dict[int, list[Value]] = {}
+    combined: set[int] = set()
+    try:
+        for inplace, claim in ((False, "outofplace"), (True, "inplace")):
+            if int(attrs[claim]):
+                sent.clear()
+                sent, combined = orbit_prove(prog, walk, orb, reach.before, lay, inplace)
+    except MscclFormatError:
+        return None
+    got = orbit_transfers(prog, order, preds, reach, walk, orb, sent, combined, _local_ops,
+                          _consecutive, _acyclic)  # fmt: skip
+    if got is None:
+        return None
+    sched = Schedule(
+        name=attrs["name"], collective=_COLLS[attrs["coll"]], nranks=len(prog.tbs),
+        chunks_per_rank=c, transfers=got.transfers, root=0, protocol=attrs["proto"],
+        channels=int(attrs["nchannels"]),
+    )  # fmt: skip
+    return ReadBack(
+        sched, int(attrs["nchunksperloop"]), got.send_tb, got.recv_tb, got.send_step,
+        got.recv_step, np.array([len(g) for g in prog.tbs], dtype=np.int32),
+        replace(sched, transfers=got.timed) if got.timed else None, got.local_tb,
+        got.local_step, got.local_traffic,
+    ), got.senders  # fmt: skip
+
+
 def _same_but_protocol(seen: _Read | None, head: str) -> ReadBack | None:
     """A file read before with another protocol: the protocol changes only its FIFO slots
     (slots_per_step). The run itself is repeated (another protocol's slots may deadlock where
@@ -220,6 +291,45 @@ def _same_but_protocol(seen: _Read | None, head: str) -> ReadBack | None:
     timed = None if rb.timed is None else replace(rb.timed, protocol=proto,
                                                   transfers=list(rb.timed.transfers))  # fmt: skip
     return replace(rb, schedule=sched, timed=timed)
+
+
+def same_file(key: tuple[str, int, bytes]) -> tuple[str, int, bytes]:
+    """`file_key`'s name without the protocol: one lowering timed as a file per protocol."""
+    head, rest, digest = key
+    return _PROTO_ATTR.sub("", head, count=1), rest, digest
+
+
+def protocol_of(key: tuple[str, int, bytes]) -> str | None:
+    """The protocol `file_key`'s head names (None: no `proto` attribute)."""
+    got = _PROTO_ATTR.search(key[0])
+    return None if got is None else got.group(1)
+
+
+def check_protocol(text: str, key: tuple[str, int, bytes] | None = None) -> None:
+    """Raise MscclFormatError where the executor cannot run `text` under its own protocol: a
+    deadlock (its FIFO slots are the protocol's) or a protocol it does not know. For a caller
+    holding the same file's read-back under another protocol: what reading `text` would add,
+    as the proof and the transfers hold in every completion order (`_same_but_protocol`), so
+    no second read-back is built (a 512-rank ring file's is ~110 MB)."""
+    key = key or file_key(text)
+    proto = protocol_of(key)
+    if proto is None or proto not in PROTOCOLS:
+        read_msccl(text, key)  # says what is wrong
+        return
+    seen = _READS.get(same_file(key))
+    if seen is not None:
+        prog, attrs = seen.prog, seen.attrs
+        seen.checked.add(proto)
+        # its program is kept for the protocols not yet run (a large one's for one more: a
+        # third protocol is rare, and parsing again then costs less than holding it)
+        if len(prog.steps) > _LARGE_STEPS or {attrs["proto"], *seen.checked} >= set(PROTOCOLS):
+            del _READS[same_file(key)]
+    else:  # its program was let go (_LARGE_STEPS): the run needs only the program
+        with _collector_paused():
+            attrs, _, tbs = _parse(text)
+            prog = Program.wire(tbs)
+    execute(prog, slots_per_step(proto, int(attrs["maxBytes"]),
+                                 int(attrs["nchunksperloop"])))  # fmt: skip
 
 
 def _renumbered(seen: _Read, order: list[XStep], proto: str) -> ReadBack:
@@ -292,13 +402,18 @@ def _str(elem: ET.Element, attr: str, where: str, allowed: tuple[str, ...] | fro
     return raw
 
 
-def _parse(text: str) -> tuple[dict[str, str], list[dict[str, int]], list[list[list[XStep]]]]:
-    fast = _parse_translated(text)
+def _parse(text: str, maps: list[np.ndarray] | None = None,
+           ) -> tuple[dict[str, str], list[dict[str, int]], list[list[list[XStep]]]]:  # fmt: skip
+    """`maps` (if given) gets each rank's map when rank r is built as rank 0 moved by it, and
+    stays empty when the file is parsed element by element."""
+    fast = _parse_translated(text, maps) if maps is not None else _parse_translated(text)
+    if fast is None and maps is not None:
+        maps.clear()
     return fast if fast is not None else _parse_each(text)
 
 
 def _parse_translated(
-    text: str,
+    text: str, maps: list[np.ndarray] | None = None
 ) -> tuple[dict[str, str], list[dict[str, int]], list[list[list[XStep]]]] | None:
     """A file whose ranks are rank 0's translates, parsed through rank 0 (translates.py); None
     for any other file, including a malformed one (`_parse_each` then says what is wrong)."""
@@ -316,7 +431,7 @@ def _parse_translated(
         c = _chunks_per_rank(coll, ngpus, [sizes], attrs)
     except (ET.ParseError, MscclFormatError):
         return None
-    tbs = translated_gpus(segs, tbs0, coll, ngpus, c) if gid == 0 else None
+    tbs = translated_gpus(segs, tbs0, coll, ngpus, c, maps) if gid == 0 else None
     if tbs is None:
         return None
     for g in tbs[1:]:
@@ -576,18 +691,7 @@ def _transfers(
     for x in order:
         u = x.uid
         snd = sender_of.get(u)
-        gb = sb = empty
-        for p in preds[u]:
-            if p is snd:
-                continue
-            pu = p.uid
-            g, s = got[pu], put[pu]
-            # a single predecessor's sets are shared, not copied (frozensets)
-            gb = g if not gb else gb | g
-            sb = s if not sb else sb | s
-            readers[pu] -= 1
-            if not readers[pu]:
-                del got[pu], put[pu]
+        gb, sb = merged_preds(preds[u], snd, got, put, readers)
         op = first_of.get(u)
         if op is not None:
             op_deps[op] = gb
@@ -696,4 +800,5 @@ def _consecutive(chunks: list[int]) -> Iterator[tuple[int, int]]:
             start = i
 
 
-__all__ = ["MscclFormatError", "ReadBack", "file_key", "from_msccl_xml", "read_msccl"]
+__all__ = ["MscclFormatError", "ReadBack", "check_protocol", "file_key", "from_msccl_xml",
+           "protocol_of", "read_msccl", "same_file"]  # fmt: skip

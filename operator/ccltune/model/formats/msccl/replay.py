@@ -143,10 +143,14 @@ def prove(
     before: Callable[[int, int], bool],
     lay: _Layout,
     inplace: bool,
+    ranks: Sequence[int] | None = None,
+    received: Callable[[XStep, dict[int, list[Value]]], list[Value]] | None = None,
 ) -> tuple[dict[int, list[Value]], set[int]]:
     """Replay the data movement in `order` and prove it (MscclFormatError naming the step if
     not); return what each send (and each local step) carries and the receives whose data gets
-    combined with another contribution (a reduction) rather than stored."""
+    combined with another contribution (a reduction) rather than stored. `ranks`: the GPUs
+    whose buffers are replayed (all: None), `order` holding their steps only; `received`
+    (sending step, `sent` so far) -> what a receive from another GPU gets (orbit.py)."""
     mode = "in place" if inplace else "out of place"
     place = _placer(lay, inplace)
     n, coll = lay.n, lay.coll
@@ -155,7 +159,7 @@ def prove(
     writer: dict[Slot, int] = {}
     readers: dict[Slot, list[int]] = {}
     arrived: dict[Slot, int] = {}  # slot -> the receive step that stored plain data there
-    for g in range(n):
+    for g in range(n) if ranks is None else ranks:
         for off in range(lay.i_chunks):
             k = lay.input_chunk(g, off)
             if k is not None:
@@ -217,7 +221,8 @@ def prove(
         t = x.type
         data: list[Value] = []
         if t in RECV_TYPES:
-            data = sent[prog.sender_of[x.uid].uid]
+            snd = prog.sender_of[x.uid]
+            data = sent[snd.uid] if received is None else received(snd, sent)
             if t in REDUCING_TYPES:
                 combined.add(x.uid)
                 local = slots(x, x.srcbuf, x.srcoff)
@@ -240,16 +245,15 @@ def prove(
                     arrived[key] = x.uid
         if t in SEND_TYPES or t in LOCAL_TYPES:  # a local step's values name its chunks
             sent[x.uid] = data
-    _postconditions(lay, state, place, mode)
+    _postconditions(lay, state, place, mode, range(n) if ranks is None else ranks)
     return sent, combined
 
 
-def _postconditions(
-    lay: _Layout, state: dict[Slot, Value], place: Callable[[int, str, int], Slot], mode: str
-) -> None:
+def _postconditions(lay: _Layout, state: dict[Slot, Value], place: Callable[[int, str, int], Slot],
+                    mode: str, ranks: Iterable[int]) -> None:  # fmt: skip
     n, c, coll = lay.n, lay.c, lay.coll
     full = (1 << n) - 1
-    for g in range(n):
+    for g in ranks:
         for off in range(lay.o_chunks):
             k = lay.output_chunk(g, off)
             if coll in (Collective.ALLREDUCE, Collective.REDUCESCATTER):

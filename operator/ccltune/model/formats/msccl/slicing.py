@@ -231,19 +231,33 @@ def _sides(conn_id: np.ndarray, send_tb: np.ndarray, recv_tb: np.ndarray, nlocal
 
 
 # The last read-backs' transfers as arrays: `structure` is asked for one file at every size.
-# Held with the read-back itself, so that the id stays its own.
-_ARRAYS: dict[int, tuple[ReadBack, Schedule, ScheduleArrays]] = {}
-_ARRAYS_MAX = 4  # the files one size times
+# Held with the read-back itself, so that the id stays its own; least recently used out first.
+_ARRAYS: dict[int, tuple[ReadBack, Schedule, ScheduleArrays, int]] = {}
+_ARRAYS_MAX = 4  # kept whatever their size: the files one size times on most rows
+# More while small: a 64-rank ReduceScatter times ~7 read-backs a size (with 4, 48 of its 68
+# asks built the arrays again); a 512-rank ring file's are hundreds of MB, so 4 there.
+_ARRAYS_SMALL_MAX = 16
+_ARRAYS_SMALL_BYTES = 64 << 20
 
 
 def _arrays(rb: ReadBack) -> ScheduleArrays:
-    hit = _ARRAYS.get(id(rb))
+    hit = _ARRAYS.pop(id(rb), None)
     timed = _timed(rb)
     if hit is None or hit[0] is not rb or hit[1] is not timed:
-        if len(_ARRAYS) >= _ARRAYS_MAX:
+        arrays = ScheduleArrays.from_schedule(timed)
+        size = sum(a.nbytes for a in _field_values(arrays) if isinstance(a, np.ndarray))
+        while _ARRAYS and (len(_ARRAYS) >= _ARRAYS_SMALL_MAX or (
+                len(_ARRAYS) >= _ARRAYS_MAX
+                and sum(h[3] for h in _ARRAYS.values()) + size > _ARRAYS_SMALL_BYTES)):  # fmt: skip
             _ARRAYS.pop(next(iter(_ARRAYS)))
-        hit = _ARRAYS[id(rb)] = (rb, timed, ScheduleArrays.from_schedule(timed))
+        hit = (rb, timed, arrays, size)
+    _ARRAYS[id(rb)] = hit  # the most recently used last
     return hit[2]
+
+
+def _field_values(obj: object) -> list[object]:
+    """A dataclass's field values."""
+    return [getattr(obj, f) for f in getattr(obj, "__dataclass_fields__", ())]
 
 
 def _timed(rb: ReadBack) -> Schedule:

@@ -14,6 +14,7 @@ file is parsed element by element.
 
 from __future__ import annotations
 
+from itertools import accumulate, repeat
 from operator import itemgetter
 
 import numpy as np
@@ -124,7 +125,7 @@ class Translator:
         if not np.array_equal(perm[src], tgt):
             return None
         used = perm[perm >= 0]
-        if len(np.unique(used)) != len(used):
+        if np.bincount(used, minlength=self.n).max(initial=0) > 1:  # tgt is in range
             return None
         return perm
 
@@ -149,10 +150,12 @@ class Translator:
         return np.where(self.is_rank, img[:, 0], off)
 
 
-def translated_gpus(segs: list[str], tbs0: list[list[XStep]], coll: Collective, n: int,
-                    c: int) -> list[list[list[XStep]]] | None:  # fmt: skip
+def translated_gpus(segs: list[str], tbs0: list[list[XStep]], coll: Collective, n: int, c: int,
+                    maps: list[np.ndarray] | None = None,
+                    ) -> list[list[list[XStep]]] | None:  # fmt: skip
     """Every rank's threadblocks, rank r's built as rank 0's (`tbs0`, parsed from `segs[0]`)
-    translated, when each `<gpu>` element `segs[r]` is rank 0's translated byte for byte."""
+    translated, when each `<gpu>` element `segs[r]` is rank 0's translated byte for byte.
+    `maps` (if given) gets each rank's map P_r (-1: a rank rank 0's values never name)."""
     if n < 2 or len(segs) != n:
         return None
     if any(mark in segs[0] for mark in _NOT_PLAIN):
@@ -174,22 +177,27 @@ def translated_gpus(segs: list[str], tbs0: list[list[XStep]], coll: Collective, 
     if where is None:
         return None
     out = [tbs0]
+    cols = _Columns(tbs0, where, n)
     for r in range(1, n):
         tokens = segs[r].split('"')
         if len(tokens) != len(tokens0) or fixed_of(tokens) != fixed0:
             return None
         got = var_of(tokens)
-        try:
-            vr = np.array(got).astype(np.int64)
+        try:  # a text not as str() writes the value fails the comparison below
+            vr = np.fromiter(map(int, got), dtype=np.int64, count=len(got))
         except (ValueError, OverflowError):
             return None
         perm = tr.infer(r, vr)
         if perm is None:
             return None
-        want = tr.move(r, perm).tolist()
-        if tuple(map(str, want)) != got:
+        want_at = tr.move(r, perm)
+        if tuple(map(str, want_at.tolist())) != got:
             return None
-        out.append(_moved(tbs0, where, want, r))
+        out.append(cols.moved(want_at, r))
+        if maps is not None:
+            maps.append(perm)
+    if maps is not None:
+        maps.insert(0, np.arange(n, dtype=np.int64))
     return out
 
 
@@ -213,19 +221,45 @@ def _fields(tbs0: list[list[XStep]], tokens0: list[str], slot: dict[int, int],
             for tb, t in enumerate(tbs0)]  # fmt: skip
 
 
-def _moved(tbs0: list[list[XStep]], where: list[list[tuple[int, int, int, int]]],
-           want: list[int], r: int) -> list[list[XStep]]:  # fmt: skip
-    out = []
-    for t, rows in zip(tbs0, where, strict=True):
-        steps = []
-        for x, (si, ri, so, do) in zip(t, rows, strict=True):
-            steps.append(XStep(
-                r, x.tb, x.idx, x.type, x.srcbuf, x.srcoff if so < 0 else want[so], x.dstbuf,
-                x.dstoff if do < 0 else want[do], x.cnt, x.depid, x.deps, x.hasdep, x.chan,
-                x.send if si < 0 else want[si], x.recv if ri < 0 else want[ri],
-            ))  # fmt: skip
-        out.append(steps)
-    return out
+class _Columns:
+    """Rank 0's steps as columns, so a translate's steps are built by one `map` over them (a
+    loop over steps was a fifth of a read-back). Rank 0's field values are shared; the moved
+    ones (send, recv, srcoff, dstoff) come from one table of int objects, so equal values are
+    one object (a 512-rank ring file: 15 MB of ints otherwise)."""
+
+    def __init__(self, tbs0: list[list[XStep]], where: list[list[tuple[int, int, int, int]]],
+                 n: int) -> None:  # fmt: skip
+        flat = [x for t in tbs0 for x in t]
+        self.bounds = list(accumulate((len(t) for t in tbs0), initial=0))
+        self.fixed = [[getattr(x, f) for x in flat] for f in _FIXED]
+        at = np.array([w for rows in where for w in rows], dtype=np.int64).reshape(-1, 4)
+        base = np.array([[x.send, x.recv, x.srcoff, x.dstoff] for x in flat],
+                        dtype=np.int64).reshape(-1, 4)  # fmt: skip
+        self.keep, self.at, self.base = at < 0, np.maximum(at, 0), base
+        self.lo, self.hi = -1, max(int(base.max(initial=0)), n) + 1
+        self.ints = np.array(range(self.lo, self.hi), dtype=object)
+        self.cap = max(1 << 16, 2 * len(flat))  # the table's largest extent
+
+    def moved(self, want: np.ndarray, r: int) -> list[list[XStep]]:
+        """Rank r's steps: rank 0's with send, recv, srcoff, dstoff moved to `want`'s values."""
+        vals = np.where(self.keep, self.base, want[self.at]) if len(want) else self.base
+        top = int(vals.max(initial=0)) + 1
+        if top > self.hi and top - self.lo <= self.cap:  # a slot rank 0 does not use
+            self.ints = np.concatenate([self.ints, np.array(range(self.hi, top), dtype=object)])
+            self.hi = top
+        if vals.size and (int(vals.min()) < self.lo or top > self.hi):
+            send, recv, srcoff, dstoff = (vals[:, k].tolist() for k in range(4))
+        else:
+            send, recv, srcoff, dstoff = (self.ints[vals[:, k] - self.lo].tolist()
+                                          for k in range(4))  # fmt: skip
+        tb, idx, typ, srcbuf, dstbuf, cnt, depid, deps, hasdep, chan = self.fixed
+        steps = list(map(XStep, repeat(r, len(tb)), tb, idx, typ, srcbuf, srcoff, dstbuf, dstoff,
+                         cnt, depid, deps, hasdep, chan, send, recv))  # fmt: skip
+        b = self.bounds
+        return [steps[b[i] : b[i + 1]] for i in range(len(b) - 1)]
+
+
+_FIXED = ("tb", "idx", "type", "srcbuf", "dstbuf", "cnt", "depid", "deps", "hasdep", "chan")
 
 
 __all__ = ["Translator", "split_gpus", "translated_gpus", "variables"]
