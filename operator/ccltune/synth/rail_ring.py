@@ -30,7 +30,9 @@ LABEL = "rail rings"
 MAX_FILE_STEPS = 250_000
 # Collectives whose 512-GPU rows were measured within the margin with their larger file:
 # h800-rail-512 ReduceScatter (491,520 steps): 1,561-1,569 MB peak RSS, 1,609-1,632 MB PSS
-# (docs/synthesis-scale.md, "Session 11: the rail-512 rings"); AllGather (492,544 steps), once
+# (docs/synthesis-scale.md, "Session 11: the rail-512 rings"); since session 12 its file both
+# ways round (492,032 steps) instead: 1,414 MB RSS, 1,485 PSS (docs/synthesis.md, "Session 12:
+# rail ReduceScatter both ways round"); AllGather (492,544 steps), once
 # a file has one read-back whatever its protocol: 1,705-1,712 MB peak RSS, 1,775-1,779 MB PSS
 # (1,974 / 2,031 before; 22.0 -> 61.0% of the budget bound; "Session 12: one read-back per
 # file"); AllReduce (the both-ways ring, blocks of 4 servers: 309,248 steps): 1,492 MB peak

@@ -41,6 +41,13 @@ SHAPES = ((4, 4, True), (4, 2, False), (2, 2, False), (1, 1, False))
 # (1,177.3 / 13,846.4) or 8 servers, where no one-way shape fits. docs/synthesis.md, "Session 12:
 # rail AllReduce within 64 steps".
 BOTH_SHAPES = ((2, 1), (1, 1))
+# ReduceScatter likewise (BothWaysScatter: both sums into the owner, ~S/2 chained hops a chunk
+# where one way chains S - 1), one server a block (its layout is by rank). 16 x 8 GPUs
+# (simulated, files read back, Simple, 16 MiB / 64 MiB / 1 GiB): p1r1 both 178.2 / 520.0 /
+# 6,374.7 us against the one-way p1r1's 268.8 / 612.1 / 6,531.5; 32 x 8 beside p2r2, p1r1
+# both (230.9 / 468.6 us at 16 / 64 MiB) beats p2r1 both (375.4 / 528.1); docs/synthesis.md,
+# "Session 12: rail ReduceScatter both ways round". Where it is built the one-way p1r1 is not.
+RS_BOTH_SHAPES = ((1, 1),)
 RS_SHAPES = ((4, 4, True, True), (4, 4, True, False), (4, 2, False, False), (2, 2, False, False),
              (1, 1, False, False))  # fmt: skip
 # Smallest size its files are timed at: below, each of the S-1 ring hops in sequence pays a
@@ -52,7 +59,8 @@ MAX_VARIANTS = 2  # files timed per size: each 512-rank read-back costs ~15 s CP
 # Files offered up to rail_ring.max_file_steps(coll) steps (`file_steps`). h800-rail-512
 # ReduceScatter's ring file wins (31.5% of the budget bound at >= 64 MiB against 16.8%, 3.64x
 # NCCL at 1 GiB, simulated) and is offered since its row measured 1,569 MB peak RSS (2,032 before
-# session 11; docs/synthesis-scale.md, "Session 11: the rail-512 rings").
+# session 11; docs/synthesis-scale.md, "Session 11: the rail-512 rings"); both ways round since
+# session 12: 57.7%, 3.76x, 1,414 MB peak RSS (one-way 31.5%, 1,452 MB in the same run).
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +88,11 @@ def file_steps(coll: Collective, servers: int, gpus: int, pieces: int, block: in
     """Steps of the whole file (any rings, paired or not): per GPU, each of its G-1 peers'
     sends and receives of S x pieces units (twice for AllReduce: its AllGather too; S / block
     units in blocks, both ways up to 2 more a piece in the AllGather), and the rings' S steps a
-    piece (AllReduce 2S - 1, both ways 2S)."""
+    piece (AllReduce 2S - 1, both ways 2S; ReduceScatter both ways S + 1)."""
     twice = coll == Collective.ALLREDUCE
     units = servers // block * pieces
     spread = (units + 2 * pieces * (both and block > 1)) if twice else 0
-    ring = (2 * servers if both else 2 * servers - 1) if twice else servers
+    ring = (2 * servers if both else 2 * servers - 1) if twice else servers + both
     per_gpu = 2 * (gpus - 1) * (units + spread) + pieces * ring
     return servers * gpus * per_gpu
 
@@ -99,8 +107,11 @@ def variants(dims: list[Dimension], coll: Collective, budget: int,
     shapes = RS_SHAPES if coll == Collective.REDUCESCATTER else \
         tuple((*shape, False) for shape in SHAPES)  # fmt: skip
     for pieces, rings, paired, taper in shapes:
-        if coll == Collective.ALLREDUCE and (pieces, rings) == (1, 1):  # both ways first
-            out += _both_ways(servers, gpus, budget, name, MAX_VARIANTS - len(out))
+        if (pieces, rings) == (1, 1):  # both ways first
+            both = _both_ways(coll, servers, gpus, budget, name, MAX_VARIANTS - len(out))
+            out += both
+            if both and coll == Collective.REDUCESCATTER:  # it beat the one-way p1r1 at every
+                continue  # size and protocol measured (16, 32, 64 servers): not built
         tbs = rings + (gpus - 1) * (1 if paired else 2)
         steps = servers * pieces * (2 if coll == Collective.ALLREDUCE else 1) * (2 if paired else 1)
         if tbs > budget or steps > MAX_STEPS or len(out) == MAX_VARIANTS:
@@ -117,18 +128,21 @@ def variants(dims: list[Dimension], coll: Collective, budget: int,
     return out
 
 
-def _both_ways(servers: int, gpus: int, budget: int, name: str, room: int) -> list[Variant]:
-    """AllReduce rings both ways round (BOTH_SHAPES), up to `room` of them, each in the
-    smallest block of servers whose NVSwitch threadblocks fit 64 steps."""
+def _both_ways(coll: Collective, servers: int, gpus: int, budget: int, name: str,
+               room: int) -> list[Variant]:  # fmt: skip
+    """Rings both ways round (BOTH_SHAPES, ReduceScatter RS_BOTH_SHAPES), up to `room` of
+    them; AllReduce's each in the smallest block of servers whose NVSwitch threadblocks fit 64
+    steps, ReduceScatter's one server a block."""
     out: list[Variant] = []
-    coll = Collective.ALLREDUCE
-    for pieces, rings in BOTH_SHAPES:
-        if len(out) >= room or servers < 4 or 2 * rings + 2 * (gpus - 1) > budget or \
-                servers * pieces // rings > MAX_STEPS:  # S steps a piece on each way  # fmt: skip
+    scatter = coll == Collective.REDUCESCATTER
+    for pieces, rings in RS_BOTH_SHAPES if scatter else BOTH_SHAPES:
+        way_steps = (servers // 2 + 1 if scatter else servers) * pieces // rings
+        if len(out) >= room or servers < (3 if scatter else 4) or \
+                2 * rings + 2 * (gpus - 1) > budget or way_steps > MAX_STEPS:  # fmt: skip
             continue
-        for block in (b for b in range(1, servers + 1) if servers % b == 0):
+        for block in (b for b in range(1, 1 + (1 if scatter else servers)) if servers % b == 0):
             units = servers // block * pieces  # reduces, then as many spread runs (+2 a piece)
-            if 2 * units + 2 * pieces * (block > 1) > MAX_STEPS:
+            if (units if scatter else 2 * units + 2 * pieces * (block > 1)) > MAX_STEPS:
                 continue
             if file_steps(coll, servers, gpus, pieces, block, True) > max_file_steps(coll):
                 break  # not a larger block instead: its ramp is longer (measured, docs)
@@ -143,5 +157,5 @@ def _both_ways(servers: int, gpus: int, budget: int, name: str, room: int) -> li
     return out
 
 
-__all__ = ["BOTH_SHAPES", "COLLECTIVES", "MIN_BYTES", "PROTOCOLS", "RS_SHAPES", "SHAPES", "Variant",
-           "applies", "file_steps", "label", "variants"]  # fmt: skip
+__all__ = ["BOTH_SHAPES", "COLLECTIVES", "MIN_BYTES", "PROTOCOLS", "RS_BOTH_SHAPES", "RS_SHAPES",
+           "SHAPES", "Variant", "applies", "file_steps", "label", "variants"]  # fmt: skip

@@ -62,4 +62,34 @@ class BothWays:
         return BACKWARD, self.position(s, BACKWARD, d)
 
 
-__all__ = ["BACKWARD", "FORWARD", "BothWays"]
+class BothWaysScatter:
+    """ReduceScatter's ring both ways round (`lower(..., both=True)` on a ReduceScatter): chunk
+    d is reduced forward from d - hf and backward from d + hb (hf + hb = S - 1, every other
+    server on one way) and both sums land at d, each way's last step an `rrc` into d's output,
+    the later way's waiting (depid) for the earlier one's: ~S/2 chained hops a chunk, not S - 1.
+    Per piece the ways hold hf + 1 and hb + 1 steps; the NIC carries S - 1 hops, as one way."""
+
+    def __init__(self, servers: int) -> None:
+        if servers < 3:
+            raise ValueError("a ReduceScatter ring both ways needs >= 3 servers")
+        self.servers = servers
+        self.reduce_hops = (servers // 2, (servers - 1) // 2)  # (hf, hb): hf >= hb >= 1
+
+    def chunk(self, s: int, way: int, k: int) -> int:
+        """The chunk (its owner server) step k of `way` carries on server s."""
+        h = self.reduce_hops[way]
+        return (s + h - k if way == FORWARD else s - h + k) % self.servers
+
+    def need(self, s: int, d: int) -> int:
+        """The step at which server s's rings first read its partial of chunk d (its own at
+        the backward way's last step, which stores first)."""
+        hf, hb = self.reduce_hops
+        k = (s + hf - d) % self.servers
+        back = (d - s + hb) % self.servers
+        return min(k, back) if d == s else k if k <= hf else back
+
+    def kind(self, way: int, k: int) -> str:
+        return "s" if k == 0 else "rrs" if k < self.reduce_hops[way] else "rrc"
+
+
+__all__ = ["BACKWARD", "FORWARD", "BothWays", "BothWaysScatter"]

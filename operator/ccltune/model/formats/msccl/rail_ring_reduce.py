@@ -40,7 +40,7 @@ from ....api.common import Collective
 from ...schedule.ir import Schedule, ScheduleArrays, dep_csr
 from .direct import OneDepThreadblock, add_rank
 from .limits import MAX_STEPS
-from .rail_ring_both import FORWARD, BothWays
+from .rail_ring_both import BACKWARD, FORWARD, BothWays, BothWaysScatter
 from .writer import Item, Loc, MscclFormatError, MscclLowering, _Layout, _Step
 
 Unit = tuple[int, int]  # (q, piece j): the q-th block the rings need; block 1: ring step q
@@ -57,7 +57,8 @@ class Plan:
     `block` 1 on no server's either (a unit is then a ring step)."""
 
     def __init__(self, servers: int, gpus: int, pieces: int, rings: int,
-                 taper: bool = False, block: int = 1, both: bool = False) -> None:  # fmt: skip
+                 taper: bool = False, block: int = 1, both: bool = False,
+                 scatter: bool = False) -> None:  # fmt: skip
         if servers < 2 or gpus < 2:
             raise ValueError("a rail ring needs >= 2 servers of >= 2 GPUs")
         if pieces < 1 or rings < 1 or pieces % rings:
@@ -66,7 +67,10 @@ class Plan:
             raise ValueError(f"blocks of {block} servers do not tile {servers}")
         self.servers, self.gpus, self.pieces, self.rings = servers, gpus, pieces, rings
         self.block, self.blocks = block, servers // block
-        self.ways = BothWays(servers) if both else None
+        # both ways: AllReduce's pair exchange, or (`scatter`) ReduceScatter's two sums at the owner
+        self.ways: BothWays | BothWaysScatter | None = None
+        if both:
+            self.ways = BothWaysScatter(servers) if scatter else BothWays(servers)
         self._need: dict[int, list[int]] = {}  # server -> blocks in the order its rings need them
         # unit (q, j): piece j of the q-th block of servers its rings need; the server reduces
         # units in the order the rings take them
@@ -110,6 +114,7 @@ class Plan:
         """When chunk d is complete on server s, in ring steps: one way, the own chunk at the
         end of the reduce, server s - k at the all-gather's k-th hop."""
         if self.ways is not None:
+            assert isinstance(self.ways, BothWays)
             return self.ways.completes(s, d)[1]
         return (s - d) % self.servers
 
@@ -122,7 +127,7 @@ class Plan:
         for b in range(self.blocks):
             runs: list[list[int]] = []
             for d in range(b * self.block, (b + 1) * self.block):
-                way = self.ways.completes(s, d)[0] if self.ways is not None else 0
+                way = self.ways.completes(s, d)[0] if isinstance(self.ways, BothWays) else 0
                 if runs and runs[-1][0] == way:
                     runs[-1].append(d)
                 else:
@@ -218,17 +223,21 @@ def lower(coll: Collective, servers: int, gpus: int, pieces: int, rings: int, na
     all-gather hops run on a threadblock of their own (channel rings + c, the same peers), its
     first send waiting for the reduce's last hop, so a ring of S servers needs S steps a piece
     on each, not 2S - 1 on one; `both`: the ring goes both ways round (rail_ring_both.py, the
-    backward way on channel rings + c), S steps a piece on each way and ~S hops a chunk."""
+    backward way on channel rings + c), S steps a piece on each way and ~S hops a chunk;
+    ReduceScatter (`both` only, one server a block): each chunk reduced from both sides of the
+    ring into its owner (rail_ring_both.BothWaysScatter), ~S/2 steps a piece on each way."""
     if coll not in (Collective.REDUCESCATTER, Collective.ALLREDUCE):
         raise ValueError(f"{coll} has no reduction")
     allreduce = coll == Collective.ALLREDUCE
-    if (block > 1 or split or both) and not allreduce:
+    if (block > 1 or split) and not allreduce:
         raise ValueError("blocks and split rings need AllReduce's free layout")
     if split and both:
         raise ValueError("a ring both ways has no all-gather of its own to split")
-    plan = Plan(servers, gpus, pieces, rings, taper, block, both)
+    plan = Plan(servers, gpus, pieces, rings, taper, block, both, scatter=not allreduce)
     # before building: steps of an NVSwitch threadblock and of a ring
     ring_steps = servers if split or both or not allreduce else 2 * servers - 1
+    if both and not allreduce:  # the forward way's hf + 1 steps a piece (hf >= hb)
+        ring_steps = servers // 2 + 1
     spread = max(len(plan.spread(s)) for s in range(servers)) if allreduce else 0
     most = max((plan.size + spread) * (1 + paired), ring_steps * pieces // rings)
     if most > MAX_STEPS:
@@ -291,6 +300,9 @@ def lower(coll: Collective, servers: int, gpus: int, pieces: int, rings: int, na
         last = {u: prev[u] for u in range(plan.size)}
         done: dict[tuple[int, int], _Step] = {}  # AllReduce: the step completing chunk (d, l)
         for c, ring in enumerate(ring_tbs):
+            if both and not allreduce:
+                _both_ways_scatter(r, plan, (ring, gather_tbs[c]), c, last, partial)
+                continue
             if both:
                 _both_ways(r, plan, (ring, gather_tbs[c]), c, last, done, partial)
                 continue
@@ -405,6 +417,60 @@ def _both_ways(r: int, plan: Plan, tbs: tuple[OneDepThreadblock, OneDepThreadblo
                     done[(d, j)] = step
 
 
+def _both_ways_scatter(r: int, plan: Plan, tbs: tuple[OneDepThreadblock, OneDepThreadblock],
+                       c: int, last: dict[int, _Step],
+                       partial: Callable[[int, int], Loc]) -> None:  # fmt: skip
+    """Ring c's pieces both ways round into their owners on rank r (ReduceScatter): each step
+    waits for the server's last reduce of what it reads, except the forward way's `rrc` into
+    the own chunk, which waits for the backward way's (its output holds that sum then)."""
+    ways = plan.ways
+    assert isinstance(ways, BothWaysScatter)
+    s = r // plan.gpus
+    for j in plan.ring(c):
+        stored: _Step | None = None  # the backward way's rrc into the own chunk
+        for way in (BACKWARD, FORWARD):
+            for k in range(ways.reduce_hops[way] + 1):
+                d, typ = ways.chunk(s, way, k), ways.kind(way, k)
+                at = partial(d, j)
+                dep = stored if typ == "rrc" and way == FORWARD else last[plan.unit_of(s, d, j)]
+                step = tbs[way].add(r, typ, at, at, dep)
+                if typ == "rrc":
+                    stored = step
+
+
+def _both_ways_scatter_arrays(plan: Plan, add: Callable[..., int],
+                              last: dict[tuple[int, int], int]) -> None:  # fmt: skip
+    """ReduceScatter's rings both ways round as transfers (`_arrays`' `add`): the forward way's
+    last hop into the owner after the backward way's, as the file orders their `rrc`s."""
+    ways, gpus, servers = plan.ways, plan.gpus, plan.servers
+    assert isinstance(ways, BothWaysScatter)
+    n = servers * gpus
+    into: dict[tuple[int, int, int], int] = {}  # (rank, chunk, way) -> the hop into it
+    tail: dict[tuple[int, int], int] = {}  # (rank, channel) -> the way's last hop into it
+    # hop k of a way: its step k to the next server's step k + 1; backward first at each k
+    hops = sorted(((k, way) for way in (FORWARD, BACKWARD) for k in range(ways.reduce_hops[way])),
+                  key=lambda x: (x[0], x[1] != BACKWARD))  # fmt: skip
+    for c in range(plan.rings):
+        for j in plan.ring(c):
+            for k, way in hops:
+                h, ch = ways.reduce_hops[way], c + way * plan.rings
+                for r in range(n):
+                    s, loc = divmod(r, gpus)
+                    ts = (s + 1 if way == FORWARD else s - 1) % servers
+                    to = ts * gpus + loc
+                    d = ways.chunk(s, way, k)
+                    ck = plan.chunk(d, j, loc)
+                    after: tuple[int, ...] = (last[(r, plan.unit_of(s, d, j))],
+                                              last[(to, plan.unit_of(ts, d, j))])  # fmt: skip
+                    if k:
+                        after += (into[(r, ck, way)],)
+                    elif (r, ch) in tail:  # the way's previous piece, in program order
+                        after += (tail[(r, ch)],)
+                    if k + 1 == h and way == FORWARD:  # the owner's output holds backward's sum
+                        after += (into[(to, ck, BACKWARD)],)
+                    into[(to, ck, way)] = tail[(to, ch)] = add(r, to, ck, True, after, ch)
+
+
 def _arrays(coll: Collective, plan: Plan, name: str, split: bool = False) -> ScheduleArrays:
     """What the simulator times: the file's transfers and waits (one connection queue per
     (sender, receiver, channel), one transfer in flight), piece by piece."""
@@ -463,7 +529,9 @@ def _arrays(coll: Collective, plan: Plan, name: str, split: bool = False) -> Sch
                             after = (*after, final[(nxt, plan.chunk((s + 1) % servers, j, loc))])
                         final[(nxt, k)] = tail[(nxt, gc)] = add(r, nxt, k, False, after, gc)
     completed: dict[tuple[int, int], tuple[int, ...]] = {}  # both ways: what completes it
-    if plan.ways is not None:
+    if isinstance(plan.ways, BothWaysScatter):
+        _both_ways_scatter_arrays(plan, add, last)
+    elif plan.ways is not None:
         completed = _both_ways_arrays(plan, add, last)
     if allreduce:
         for r in range(n):
