@@ -256,17 +256,9 @@ def orbit_transfers(
     seen: dict[int, frozenset[int]] = {}
 
     def through(deps: frozenset[int]) -> frozenset[int]:
-        if not q or max(deps, default=-1) < base:
+        if not q:
             return deps
-        out: set[int] = set()
-        for d in deps:
-            if d < base:
-                out.add(d)
-                continue
-            if d not in seen:
-                seen[d] = through(move(op_deps[d // n - m], d % n))
-            out |= seen[d]
-        return frozenset(out)
+        return through_local_ops(deps, base, lambda d: move(op_deps[d // n - m], d % n), seen)
 
     # the receive of each representative transfer: its GPU and its uid less the GPU's first
     recv_gpu = [prog.receiver_of[x.uid].gpu for x, _, _, _ in raw]
@@ -480,5 +472,23 @@ def merged_preds(preds: list[XStep], snd: XStep | None, got: dict[int, frozenset
             del got[pu], put[pu]
     return gb, sb
 
+
+def through_local_ops(deps: frozenset[int], base: int,
+                      waits_of: Callable[[int], frozenset[int]],
+                      seen: dict[int, frozenset[int]]) -> frozenset[int]:  # fmt: skip
+    """`deps` with each local operation (a name >= `base`) replaced by what it waits for
+    (`waits_of`), recursively; `seen` memoises the replaced ones."""
+    if max(deps, default=-1) < base:
+        return deps
+    out: set[int] = set()
+    for d in deps:
+        if d < base:
+            out.add(d)
+            continue
+        if d not in seen:
+            seen[d] = through_local_ops(waits_of(d), base, waits_of, seen)
+        out |= seen[d]
+    return frozenset(out)
+
 __all__ = ["Moved", "Orbits", "automorphisms", "merged_preds", "orbit_order", "orbit_prove",
-           "orbit_transfers", "orbits_of"]  # fmt: skip
+           "orbit_transfers", "orbits_of", "through_local_ops"]  # fmt: skip

@@ -46,7 +46,14 @@ from .executor import (
     slots_per_step,
 )
 from .limits import MAX_COUNT
-from .orbit import merged_preds, orbit_order, orbit_prove, orbit_transfers, orbits_of
+from .orbit import (
+    merged_preds,
+    orbit_order,
+    orbit_prove,
+    orbit_transfers,
+    orbits_of,
+    through_local_ops,
+)
 from .replay import Reach, Value, prove
 from .translates import split_gpus, translated_gpus
 from .writer import PROTOCOLS, MscclFormatError, _Layout
@@ -671,17 +678,9 @@ def _transfers(
 
     def through(deps: frozenset[int]) -> frozenset[int]:
         """`deps` with each local operation replaced by what it waits for."""
-        if not ops or max(deps, default=-1) < base:
+        if not ops:
             return deps
-        out: set[int] = set()
-        for d in deps:
-            if d < base:
-                out.add(d)
-                continue
-            if d not in seen:
-                seen[d] = through(op_deps[d - base])
-            out |= seen[d]
-        return frozenset(out)
+        return through_local_ops(deps, base, lambda d: op_deps[d - base], seen)
 
     both: list[tuple[int, ...]] = [()] * base  # sorted deps and write-after-read orderings
     wars: dict[int, set[int]] = {}  # the write-after-read orderings, where there are some
